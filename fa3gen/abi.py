@@ -1,0 +1,34 @@
+"""ctypes mirror of templates/include/fa3gen/abi.h: the C ABI of a compiled kernel library."""
+
+from __future__ import annotations
+
+import ctypes
+
+ABI_VERSION = 1
+
+_STRIDE_FIELDS = [
+    f"{t}_{s}_stride" for t in ("q", "k", "v", "o") for s in ("batch", "row", "head")
+]
+
+
+class FwdParams(ctypes.Structure):
+    """Forward problem: raw device pointers, element strides, sizes and the softmax scale."""
+
+    _fields_ = (
+        [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+         ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p)]
+        + [(name, ctypes.c_int64) for name in _STRIDE_FIELDS]
+        + [(name, ctypes.c_int32) for name in ("batch", "seqlen_q", "seqlen_k", "nheads_q", "nheads_kv")]
+        + [("softmax_scale", ctypes.c_float)]
+    )
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the exported symbols' signatures on a loaded kernel library."""
+    lib.fa3gen_abi_version.restype = ctypes.c_int
+    lib.fa3gen_abi_version.argtypes = []
+    lib.fa3gen_spec_json.restype = ctypes.c_char_p
+    lib.fa3gen_spec_json.argtypes = []
+    lib.fa3gen_fwd.restype = ctypes.c_int
+    lib.fa3gen_fwd.argtypes = [ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    return lib

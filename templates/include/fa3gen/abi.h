@@ -1,0 +1,36 @@
+// The C ABI between a compiled fa3gen kernel library and its caller (fa3gen/abi.py mirrors it).
+// Plain C types only: the library must not depend on torch's or Python's ABI.
+#pragma once
+#include <stdint.h>
+
+#define FA3GEN_ABI_VERSION 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Forward attention problem. Tensors are laid out (batch, seqlen, nheads, headdim) with a
+// contiguous last dimension; strides are in elements. lse is (batch, nheads_q, seqlen_q), contiguous.
+typedef struct Fa3genFwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int32_t batch, seqlen_q, seqlen_k, nheads_q, nheads_kv;
+  float softmax_scale;
+} Fa3genFwdParams;
+
+// Every kernel library exports these three symbols.
+int fa3gen_abi_version(void);           // FA3GEN_ABI_VERSION it was built with
+const char* fa3gen_spec_json(void);     // canonical JSON of the KernelSpec it was rendered from
+// Launches the forward kernel on `stream` (a cudaStream_t). Returns a cudaError_t (0 = success).
+int fa3gen_fwd(const Fa3genFwdParams* params, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
