@@ -1,0 +1,197 @@
+"""KernelSpec: the declarative description of one attention kernel, and its type checker.
+
+A spec is frozen, serializes to one canonical JSON form and hashes stably, so it can name a
+cache entry. Every constraint the hardware or the templates impose is checked here, so a bad
+spec fails with a pydantic error naming the field and the limit instead of failing in nvcc.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+SMEM_BUDGET_BYTES = 227 * 1024  # per thread block on H100/H200
+BARRIER_SMEM_BYTES = 1024  # mbarriers and pipeline state, rounded up
+WGMMA_M = 64  # rows of one warpgroup MMA
+WGMMA_K = 16  # K of one 16-bit WGMMA: block_n is the K of the P·V GEMM
+REGISTERS_PER_SM = 65536
+THREADS_PER_WARPGROUP = 128
+# setmaxnreg splits: (producer, consumer) registers per thread, by number of consumer warpgroups.
+REGISTER_SPLIT = {1: (56, 240), 2: (24, 240), 3: (32, 160)}
+# Registers a consumer thread needs beyond its accumulators (addresses, softmax state, indices).
+CONSUMER_REGISTER_OVERHEAD = 32
+
+# Tile defaults per head dim, in the spirit of FA3's forward tiles (bf16/fp16, kBlockM x kBlockN).
+_DEFAULT_TILES: dict[tuple[int, bool], tuple[int, int]] = {
+    (64, False): (192, 128),
+    (64, True): (192, 128),
+    (96, False): (128, 128),
+    (96, True): (128, 128),
+    (128, False): (128, 128),
+    (128, True): (128, 128),
+    (192, False): (128, 112),
+    (192, True): (128, 112),
+    (256, False): (128, 80),
+    (256, True): (128, 80),
+}
+
+
+def _bytes_per_element(dtype: str) -> int:
+    return {"fp16": 2, "bf16": 2}[dtype]
+
+
+class KernelSpec(BaseModel):
+    """One forward attention kernel: shapes of its tiles, its pipeline and its schedule.
+
+    Fields left as None are filled with the per-head-dim defaults, so two specs that mean the
+    same kernel compare, serialize and hash the same.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["fwd"] = "fwd"
+    head_dim: Literal[64, 96, 128, 192, 256]
+    head_dim_v: int | None = None
+    dtype: Literal["fp16", "bf16"] = "bf16"
+    causal: bool = False
+    block_m: int | None = None
+    block_n: int | None = None
+    stages: int | None = None
+    num_consumer_warpgroups: int | None = None
+    pingpong: bool = False
+    intra_wg_overlap: bool = False
+
+    @field_validator("head_dim_v")
+    @classmethod
+    def _head_dim_v_supported(cls, v: int | None) -> int | None:
+        if v is not None and v not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim_v={v} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
+        return v
+
+    @field_validator("stages")
+    @classmethod
+    def _stages_in_range(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 4:
+            raise ValueError(f"stages={v} must be between 1 and 4 (K/V pipeline depth)")
+        return v
+
+    @field_validator("num_consumer_warpgroups")
+    @classmethod
+    def _consumer_warpgroups_in_range(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and v not in REGISTER_SPLIT:
+            raise ValueError(f"num_consumer_warpgroups={v} must be 1, 2 or 3")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        d = data.get("head_dim")
+        causal = bool(data.get("causal", False))
+        if d in SUPPORTED_HEAD_DIMS:
+            bm, bn = _DEFAULT_TILES[(d, causal)]
+            if data.get("head_dim_v") is None:
+                data["head_dim_v"] = d
+            if data.get("block_m") is None:
+                nwg = data.get("num_consumer_warpgroups")
+                data["block_m"] = WGMMA_M * nwg if isinstance(nwg, int) else bm
+            if data.get("block_n") is None:
+                data["block_n"] = bn
+        if data.get("stages") is None:
+            data["stages"] = 2
+        if data.get("num_consumer_warpgroups") is None and isinstance(data.get("block_m"), int):
+            data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
+        return data
+
+    @model_validator(mode="after")
+    def _check_hardware_limits(self) -> KernelSpec:
+        bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
+        assert bm is not None and bn is not None and dv is not None
+        assert self.stages is not None and self.num_consumer_warpgroups is not None
+        nwg = self.num_consumer_warpgroups
+        if bm != WGMMA_M * nwg:
+            raise ValueError(
+                f"block_m={bm} must equal 64 * num_consumer_warpgroups ({WGMMA_M * nwg}): "
+                "each consumer warpgroup owns 64 query rows (one WGMMA M)"
+            )
+        if bn % WGMMA_K != 0 or not WGMMA_K <= bn <= 256:
+            raise ValueError(
+                f"block_n={bn} must be a multiple of {WGMMA_K} in [16, 256]: it is the N of the "
+                "Q·Kᵀ WGMMA (≤ 256) and the K of the P·V WGMMA (multiple of 16)"
+            )
+        if self.pingpong and nwg != 2:
+            raise ValueError(f"pingpong needs num_consumer_warpgroups=2, got {nwg}")
+        smem = self.smem_bytes
+        if smem > SMEM_BUDGET_BYTES:
+            raise ValueError(
+                f"shared memory {smem} B exceeds the {SMEM_BUDGET_BYTES} B budget per block "
+                f"(Q {bm}x{d}, K {self.stages}x{bn}x{d}, V {self.stages}x{bn}x{dv}): "
+                "lower block_n, block_m or stages"
+            )
+        need, limit = self.consumer_registers_estimate, REGISTER_SPLIT[nwg][1]
+        if need > limit:
+            raise ValueError(
+                f"consumer warpgroup needs ~{need} registers per thread (S {bn // 2} + O {dv // 2} "
+                f"+ {CONSUMER_REGISTER_OVERHEAD}) but {nwg} consumer warpgroups get {limit}: "
+                "lower block_n or use fewer consumer warpgroups"
+            )
+        return self
+
+    # ---- derived quantities the templates and the checker share ----
+
+    @property
+    def smem_bytes(self) -> int:
+        assert self.block_m and self.block_n and self.head_dim_v and self.stages
+        e = _bytes_per_element(self.dtype)
+        q = self.block_m * self.head_dim * e
+        kv = self.stages * self.block_n * (self.head_dim + self.head_dim_v) * e
+        return q + kv + BARRIER_SMEM_BYTES
+
+    @property
+    def consumer_registers_estimate(self) -> int:
+        assert self.block_n and self.head_dim_v
+        # fp32 accumulators of one 64-row warpgroup tile, spread over 128 threads; P reuses S's registers.
+        return self.block_n // 2 + self.head_dim_v // 2 + CONSUMER_REGISTER_OVERHEAD
+
+    @property
+    def num_threads(self) -> int:
+        assert self.num_consumer_warpgroups
+        return THREADS_PER_WARPGROUP * (1 + self.num_consumer_warpgroups)
+
+    @property
+    def register_split(self) -> tuple[int, int]:
+        assert self.num_consumer_warpgroups
+        return REGISTER_SPLIT[self.num_consumer_warpgroups]
+
+    @property
+    def name(self) -> str:
+        """A readable identifier; unique together with the hash."""
+        dims = f"d{self.head_dim}" + (f"x{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
+        mask = "_causal" if self.causal else ""
+        sched = ("_pp" if self.pingpong else "") + ("_ov" if self.intra_wg_overlap else "")
+        return (
+            f"{self.kind}_{dims}_{self.dtype}{mask}_m{self.block_m}n{self.block_n}s{self.stages}{sched}"
+        )
+
+    def canonical_json(self) -> str:
+        """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> KernelSpec:
+        return cls.model_validate_json(text)
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    @property
+    def symbol_suffix(self) -> str:
+        """Suffix that makes the kernel's C++ symbols unique to this spec."""
+        return self.content_hash
