@@ -1,0 +1,73 @@
+// Online softmax over the rows a thread holds of one warpgroup's score tile, in fp32 with exp2.
+// Each row lives in the 4 threads of a quad, so row reductions are two xor-shuffles.
+#pragma once
+#include <cute/tensor.hpp>
+#include <math_constants.h>
+
+namespace fa3gen {
+
+using namespace cute;
+
+__device__ __forceinline__ float quad_allreduce_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+
+__device__ __forceinline__ float quad_allreduce_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];  // running max of raw scores; -inf until a row sees a visible key
+  float row_sum[kRows];  // this thread's partial sum of exp(scale * (s - row_max))
+  float scale_log2;      // softmax_scale * log2(e): exp(scale * x) == exp2(scale_log2 * x)
+
+  __device__ explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) { row_max[r] = -CUDART_INF_F; row_sum[r] = 0.f; }
+  }
+
+  // Turns scores S (rows, cols) into unnormalized probabilities in place and rescales O's rows
+  // by exp(scale * (old_max - new_max)). A row whose max is still -inf gets zeros, never NaN.
+  template <class TensorS, class TensorO>
+  __device__ __forceinline__ void step(TensorS& s, TensorO& o) {
+    static_assert(decltype(size<0>(s))::value == kRows);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float block_max = -CUDART_INF_F;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) { block_max = fmaxf(block_max, s(r, c)); }
+      float const new_max = fmaxf(row_max[r], quad_allreduce_max(block_max));
+      float const rescale = row_max[r] == -CUDART_INF_F ? 0.f : exp2f((row_max[r] - new_max) * scale_log2);
+      float const offset = new_max == -CUDART_INF_F ? 0.f : new_max * scale_log2;
+      row_max[r] = new_max;
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -offset));
+        sum += s(r, c);
+      }
+      row_sum[r] = fmaf(row_sum[r], rescale, sum);
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= rescale; }
+    }
+  }
+
+  // Normalizes O's rows and returns each row's log-sum-exp (natural log); empty rows: O = 0, -inf.
+  template <class TensorO>
+  __device__ __forceinline__ void finish(TensorO& o, float softmax_scale, float (&lse)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_allreduce_sum(row_sum[r]);
+      bool const empty = sum == 0.f || sum != sum;
+      float const inv = empty ? 0.f : 1.f / sum;
+      lse[r] = empty ? -CUDART_INF_F : row_max[r] * softmax_scale + __logf(sum);
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= inv; }
+    }
+  }
+};
+
+}  // namespace fa3gen
