@@ -1,7 +1,9 @@
 """Calls compiled kernel libraries directly through the C ABI and checks them against float64.
 
 A debugging tool for kernel authors: no cache, no custom op, just `.so` files and torch.
-Usage: python scripts/kernel_smoke.py LIB.so [LIB.so ...]
+Usage: python scripts/kernel_smoke.py [--time] LIB.so [LIB.so ...]
+With --time, also times each library on the FA3 benchmark setup (16k tokens, hidden 2048) beside
+torch SDPA's cuDNN backend, in this process with CUDA events: a quick ablation between variants.
 """
 
 from __future__ import annotations
@@ -54,7 +56,50 @@ def run(lib, spec, q, k, v, scale):
     return out, lse
 
 
+def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def time_lib(lib, spec, seqlens=(512, 2048, 8192, 16384)) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dt, d, causal = DTYPES[spec["dtype"]], spec["head_dim"], spec["causal"]
+    for s in seqlens:
+        b, h = 16384 // s, 2048 // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        p = abi.FwdParams()
+        p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+        for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+            setattr(p, f"{name}_batch_stride", t.stride(0))
+            setattr(p, f"{name}_row_stride", t.stride(1))
+            setattr(p, f"{name}_head_stride", t.stride(2))
+        p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv = b, s, s, h, h
+        p.softmax_scale = 1 / math.sqrt(d)
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        ms = median_ms(lambda: lib.fa3gen_fwd(ctypes.byref(p), stream))
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            ms_cudnn = median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        print(f"TIME {spec['head_dim']} causal={causal} s={s}: fa3gen {flops / ms / 1e9:.0f} TFLOP/s, "
+              f"cuDNN {flops / ms_cudnn / 1e9:.0f} TFLOP/s", flush=True)
+
+
 def main(paths: list[str]) -> int:
+    timing = "--time" in paths
+    paths = [p for p in paths if p != "--time"]
     torch.manual_seed(0)
     failures = 0
     for path in paths:
@@ -78,6 +123,9 @@ def main(paths: list[str]) -> int:
             failures += not ok
             print(f"{Path(path).stem:8s} b{b} sq{sq} sk{sk} h{hq}/{hkv}: rel {rel:.2e} lse {lse_err:.1e} "
                   f"nan {nan} empty-rows-ok {lse_inf_ok} {'OK' if ok else 'FAIL'}", flush=True)
+        if timing:
+            print(f"== {Path(path).stem}: {json.dumps(spec)}")
+            time_lib(lib, spec)
     print(f"{failures} failures")
     return 1 if failures else 0
 

@@ -29,10 +29,11 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) { row_max[r] = -CUDART_INF_F; row_sum[r] = 0.f; }
   }
 
-  // Turns scores S (rows, cols) into unnormalized probabilities in place and rescales O's rows
-  // by exp(scale * (old_max - new_max)). A row whose max is still -inf gets zeros, never NaN.
-  template <class TensorS, class TensorO>
-  __device__ __forceinline__ void step(TensorS& s, TensorO& o) {
+  // Turns scores S (rows, cols) into unnormalized probabilities in place and returns, per row, the
+  // factor exp(scale * (old_max - new_max)) that O's rows must be multiplied by. A row whose max is
+  // still -inf gets zeros, never NaN.
+  template <class TensorS>
+  __device__ __forceinline__ void update(TensorS& s, float (&rescale)[kRows]) {
     static_assert(decltype(size<0>(s))::value == kRows);
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -40,7 +41,7 @@ struct OnlineSoftmax {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) { block_max = fmaxf(block_max, s(r, c)); }
       float const new_max = fmaxf(row_max[r], quad_allreduce_max(block_max));
-      float const rescale = row_max[r] == -CUDART_INF_F ? 0.f : exp2f((row_max[r] - new_max) * scale_log2);
+      rescale[r] = row_max[r] == -CUDART_INF_F ? 0.f : exp2f((row_max[r] - new_max) * scale_log2);
       float const offset = new_max == -CUDART_INF_F ? 0.f : new_max * scale_log2;
       row_max[r] = new_max;
       float sum = 0.f;
@@ -49,9 +50,16 @@ struct OnlineSoftmax {
         s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -offset));
         sum += s(r, c);
       }
-      row_sum[r] = fmaf(row_sum[r], rescale, sum);
+      row_sum[r] = fmaf(row_sum[r], rescale[r], sum);
+    }
+  }
+
+  template <class TensorO>
+  __device__ __forceinline__ static void rescale_rows(TensorO& o, float const (&rescale)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= rescale; }
+      for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= rescale[r]; }
     }
   }
 

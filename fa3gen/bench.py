@@ -1,0 +1,338 @@
+"""`fa3gen bench`: fa3gen's forward beside torch SDPA (cuDNN and flash backends), one process.
+
+The FlashAttention-3 paper's setup: 16k tokens in total (batch = 16384 // seqlen), hidden size
+2048 (nheads = 2048 // head_dim), head dims 64/128/256, seqlen 512..16k, causal and not. Every
+implementation runs on the same inputs, timed with CUDA events after a warm-up; the median of
+the repetitions counts. FLOPs of the forward: 4 * batch * nheads * seqlen_q * seqlen_k * head_dim,
+halved when causal (the FA convention).
+
+SDPA takes (batch, nheads, seqlen, head_dim): it gets transposed views of the same tensors. Its
+causal mask is top-left aligned, fa3gen's bottom-right; with seqlen_q == seqlen_k they coincide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_HDIMS = (64, 128, 256)
+PEERS = ("cudnn", "flash")
+PEER_TITLES = {"fa3gen": "fa3gen", "cudnn": "cuDNN", "flash": "FA2"}
+
+
+def attn_fwd_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                   causal: bool, head_dim_v: int | None = None) -> float:
+    """Forward FLOPs: 2·b·h·sq·sk·(d + dv) (= 4·b·h·sq·sk·d when dv == d), halved when causal."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    flops = 2.0 * batch * nheads * seqlen_q * seqlen_k * (head_dim + dv)
+    return flops / 2 if causal else flops
+
+
+def bench_cases(hdims, seqlens, causals, total_tokens: int = 16384, hidden: int = 2048):
+    """(head_dim, seqlen, batch, nheads, causal) of each case, in table order."""
+    cases = []
+    for d in hdims:
+        for s in seqlens:
+            for c in causals:
+                cases.append((d, s, max(1, total_tokens // s), max(1, hidden // d), c))
+    return cases
+
+
+def _int_list(text: str) -> list[int]:
+    out = []
+    for part in text.replace(",", " ").split():
+        part = part.strip().lower()
+        mult = 1
+        if part.endswith("k"):
+            part, mult = part[:-1], 1024
+        out.append(int(part) * mult)
+    return out
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="fa3gen bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--hdim", default="64,128,256", help="head dims, comma list (default 64,128,256)")
+    ap.add_argument("--seqlens", default="512,1k,2k,4k,8k,16k", help="seqlens, comma list (k = 1024)")
+    ap.add_argument("--causal", choices=("both", "on", "off"), default="both")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--total-tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=20, help="timed repetitions; the median counts")
+    ap.add_argument("--min-rep-ms", type=float, default=2.0,
+                    help="calls per repetition are batched until one repetition takes about this long")
+    ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 4,
+                    help="parallel kernel builds before timing")
+    ap.add_argument("--cold-compile", action="store_true",
+                    help="also time a cold compile of one spec into an empty cache (a subprocess)")
+    ap.add_argument("--no-check", action="store_true", help="skip the spot check against cuDNN SDPA")
+    ap.add_argument("--no-matmul", action="store_true", help="skip the bf16 8192^3 matmul ceiling")
+    ap.add_argument("--json", metavar="PATH", help="write all results as JSON")
+    ap.add_argument("--markdown", metavar="PATH", help="also write the table to this file")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: a dry run on cpu
+    return ap.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------
+
+def time_cuda_ms(fn: Callable[[], Any], warmup: int, reps: int, min_rep_ms: float) -> float:
+    """Median milliseconds per call of fn, CUDA events around batches of back-to-back calls."""
+    import torch
+
+    for _ in range(max(1, warmup)):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    one = max(start.elapsed_time(end), 1e-3)
+    inner = max(1, min(100, math.ceil(min_rep_ms / one)))
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels: build up front, cold/warm compile timing
+# ---------------------------------------------------------------------------------------------
+
+def _prepare_kernels(keys: list[tuple[int, int, str, bool]], jobs: int) -> dict[str, Any]:
+    """Build (or load from the cache) every kernel the bench needs, in parallel. Returns timings."""
+    import fa3gen
+    from fa3gen import ops, registry
+
+    specs = [registry.default_spec(*k) for k in keys]
+    info: dict[str, Any] = {"specs": [s.name for s in specs]}
+    t0 = time.perf_counter()
+    build_many = getattr(fa3gen, "build_many", None)
+    if callable(build_many):  # one parallel build of everything missing
+        results = build_many(specs, jobs=jobs, progress=lambda line: print(f"  {line}", flush=True))
+        info["builds"] = {r.spec.name: ("cached" if r.cached else round(r.seconds, 2)) for r in results}
+        info["build_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(keys)))) as pool:
+        list(pool.map(lambda key: ops._kernel_for(*key), keys))
+    info["load_s"] = time.perf_counter() - t1
+    info["total_s"] = time.perf_counter() - t0
+    return info
+
+
+_PROBE = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import fa3gen
+from fa3gen import registry
+t1 = time.perf_counter()
+spec = registry.default_spec(*json.loads(sys.argv[1]))
+t2 = time.perf_counter()
+c = getattr(fa3gen, "compile")
+c = c if callable(c) else c.compile
+k = c(spec)
+t3 = time.perf_counter()
+r = {"spec": spec.name, "import_s": t1 - t0, "compile_s": t3 - t2}
+br = getattr(k, "build_result", None)
+if br is not None:
+    r["cached"] = bool(getattr(br, "cached", False))
+    r["nvcc_s"] = float(getattr(br, "seconds", 0.0))
+print(json.dumps(r))
+"""
+
+
+def _probe_compile(key: tuple[int, int, str, bool], cache_dir: str | None) -> dict[str, Any]:
+    """Time fa3gen.compile(spec) in a fresh process (so no in-process memo helps)."""
+    env = dict(os.environ)
+    if cache_dir is not None:  # a cold compile: empty cache, JIT allowed
+        env["FA3GEN_CACHE_DIR"] = cache_dir
+        env.pop("FA3GEN_NO_JIT", None)
+    r = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(list(key))], env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": (r.stderr or r.stdout).strip().splitlines()[-1:] or ["failed"]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fa3gen import ops
+
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("fa3gen bench: no CUDA device; the benchmark needs a Hopper GPU", file=sys.stderr)
+            return 2
+        dev = torch.device("cuda", torch.cuda.current_device())
+        gpu = torch.cuda.get_device_name(dev)
+        cap = torch.cuda.get_device_capability(dev)
+        if tuple(cap) != (9, 0):
+            print(f"fa3gen bench: {gpu} has capability {cap[0]}.{cap[1]}; fa3gen needs sm_90", file=sys.stderr)
+            return 2
+    else:
+        dev, gpu = torch.device(args.device), f"{args.device} (dry run)"
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    hdims, seqlens = _int_list(args.hdim), _int_list(args.seqlens)
+    causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal]
+    cases = bench_cases(hdims, seqlens, causals, args.total_tokens, args.hidden)
+    keys = sorted({(d, d, args.dtype, c) for d, _, _, _, c in cases})
+    result: dict[str, Any] = {
+        "meta": {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
+                 "cudnn": torch.backends.cudnn.version(), "dtype": args.dtype,
+                 "total_tokens": args.total_tokens, "hidden": args.hidden,
+                 "warmup": args.warmup, "reps": args.reps},
+        "cases": [],
+    }
+    print(f"# fa3gen bench: {gpu}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"{args.dtype}, {args.total_tokens} tokens, hidden {args.hidden}", flush=True)
+
+    # --- kernels up front: one parallel build, then cold/warm compile probes ---
+    try:
+        comp = _prepare_kernels(keys, args.jobs)
+    except Exception as e:  # report, keep going: fa3gen columns become n/a
+        comp = {"error": f"{type(e).__name__}: {e}"}
+    if "error" in comp:
+        print(f"kernels: ERROR {comp['error']}", flush=True)
+    else:
+        print(f"kernels: {len(keys)} specs ready in {comp['total_s']:.2f} s (parallel build "
+              f"{comp.get('build_s', float('nan')):.2f} s, in-process load {comp['load_s']:.2f} s)", flush=True)
+    probe_key = (128, 128, args.dtype, False) if (128, 128, args.dtype, False) in keys else keys[0]
+    warm = _probe_compile(probe_key, None)
+    comp["warm_load"] = warm
+    print(f"warm load (fresh process, from cache): {json.dumps(warm)}", flush=True)
+    if args.cold_compile:
+        with tempfile.TemporaryDirectory(prefix="fa3gen-cold-") as tmp:
+            cold = _probe_compile(probe_key, tmp)
+        comp["cold_compile"] = cold
+        print(f"cold compile (fresh process, empty cache): {json.dumps(cold)}", flush=True)
+    result["compile"] = comp
+
+    # --- ceiling ---
+    if not args.no_matmul:
+        n = 8192
+        a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        ms = time_cuda_ms(lambda: torch.matmul(a, b), args.warmup, args.reps, args.min_rep_ms)
+        result["matmul_bf16_8192_tflops"] = 2 * n**3 / (ms * 1e-3) / 1e12
+        print(f"ceiling: bf16 matmul 8192^3 = {result['matmul_bf16_8192_tflops']:.1f} TFLOP/s", flush=True)
+        del a, b
+
+    # --- cases ---
+    rows = []
+    for d, s, b, h, causal in cases:
+        name = f"d{d} s{s} b{b} h{h}" + (" causal" if causal else "")
+        flops = attn_fwd_flops(b, h, s, s, d, causal)
+        scale = 1.0 / math.sqrt(d)
+        gen = torch.Generator(device=dev).manual_seed(0)
+        q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, generator=gen) for _ in range(3))
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        fns: dict[str, Callable[[], Any]] = {
+            "fa3gen": lambda: ops.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+        }
+
+        def sdpa(backend):
+            def run():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+            return run
+
+        fns["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+        fns["flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+        entry: dict[str, Any] = {"case": name, "head_dim": d, "seqlen": s, "batch": b, "nheads": h,
+                                 "causal": causal, "flops": flops, "results": {}}
+        if not args.no_check:
+            try:
+                out = fns["fa3gen"]()
+                peer = None
+                for p in PEERS:
+                    try:
+                        peer = fns[p]().transpose(1, 2)
+                        entry["check_peer"] = p
+                        break
+                    except Exception:
+                        continue
+                finite = bool(torch.isfinite(out).all())
+                entry["check_finite"] = finite
+                if peer is not None:
+                    entry["check_max_abs_diff"] = float((out.float() - peer.float()).abs().max())
+                msg = (f"max|fa3gen-{entry.get('check_peer', 'none')}| = "
+                       f"{entry.get('check_max_abs_diff', float('nan')):.3e}, finite={finite}")
+                del out, peer
+            except Exception as e:
+                entry["check_error"] = f"{type(e).__name__}: {e}"
+                msg = f"check failed: {entry['check_error']}"
+            print(f"check {name}: {msg}", flush=True)
+        for impl, fn in fns.items():
+            try:
+                ms = time_cuda_ms(fn, args.warmup, args.reps, args.min_rep_ms)
+                entry["results"][impl] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
+            except Exception as e:
+                entry["results"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+                torch.cuda.synchronize()
+        res = entry["results"]
+        tf = {k: r.get("tflops") for k, r in res.items()}
+        best_peer = max((tf[p] for p in PEERS if tf.get(p) is not None), default=None)
+        ratio = tf["fa3gen"] / best_peer if tf.get("fa3gen") is not None and best_peer else None
+        entry["fa3gen_over_best_peer"] = ratio
+        rows.append(f"| {name} | {_fmt(tf.get('fa3gen'))} | {_fmt(tf.get('cudnn'))} | "
+                    f"{_fmt(tf.get('flash'))} | {'n/a' if ratio is None else f'{ratio:.2f}x'} |")
+        print(rows[-1] + "   " + "  ".join(f"{k}: {r['error']}" for k, r in res.items() if "error" in r),
+              flush=True)
+        result["cases"].append(entry)
+        del q, k, v, qt, kt, vt
+        torch.cuda.empty_cache()
+
+    header = [
+        f"fwd, {args.dtype}, TFLOP/s ({gpu}, torch {torch.__version__}); median of {args.reps} reps",
+        "",
+        "| case | fa3gen | cuDNN | FA2 | fa3gen/best-peer |",
+        "|---|---|---|---|---|",
+    ]
+    footer = []
+    if "matmul_bf16_8192_tflops" in result:
+        footer.append(f"\nCeiling: bf16 matmul 8192³ = {result['matmul_bf16_8192_tflops']:.1f} TFLOP/s")
+    table = "\n".join(header + rows + footer)
+    print("\n" + table, flush=True)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    failed = any("error" in e["results"].get("fa3gen", {}) or e.get("check_finite") is False
+                 for e in result["cases"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""A compiled kernel library loaded into the process, and fa3gen.compile(spec)."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+from . import abi, cache, toolchain
+from .build import BuildResult, build
+from .render import templates_dir
+from .spec import KernelSpec
+
+
+class CompiledKernel:
+    """One kernel library: dlopen'ed, ABI-checked, callable with raw FwdParams."""
+
+    def __init__(self, spec: KernelSpec, result: BuildResult, lib: ctypes.CDLL) -> None:
+        self._spec = spec
+        self._result = result
+        self._lib = lib
+
+    @property
+    def spec(self) -> KernelSpec:
+        return self._spec
+
+    @property
+    def entry_dir(self) -> Path:
+        return self._result.entry_dir
+
+    @property
+    def library_path(self) -> Path:
+        return self._result.entry.library
+
+    @property
+    def build_result(self) -> BuildResult:
+        return self._result
+
+    def fwd(self, params: abi.FwdParams, stream: int) -> None:
+        """Launch the forward kernel on `stream` (a cudaStream_t as an int; 0 = default stream)."""
+        err = self._lib.fa3gen_fwd(ctypes.byref(params), ctypes.c_void_p(stream or None))
+        if err != 0:
+            raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
+
+    def __repr__(self) -> str:
+        return f"CompiledKernel({self._spec.name}, {self.library_path})"
+
+
+class _EntryMismatch(RuntimeError):
+    """The library is not the one the spec asks for (stale ABI, or the wrong spec)."""
+
+
+def _load(spec: KernelSpec, result: BuildResult) -> ctypes.CDLL:
+    """dlopen the entry's library and check it is the ABI and the spec we asked for."""
+    lib = abi.bind(ctypes.CDLL(str(result.entry.library), mode=ctypes.RTLD_LOCAL))
+    version = lib.fa3gen_abi_version()
+    embedded = (lib.fa3gen_spec_json() or b"").decode()
+    if version != abi.ABI_VERSION or embedded != spec.canonical_json():
+        # Unload before the entry is rebuilt in place, or dlopen would hand back this stale handle.
+        _dlclose(lib)
+        raise _EntryMismatch(
+            f"{result.entry.library} does not match spec {spec.name}: ABI version {version} (want {abi.ABI_VERSION}), spec {embedded!r} "
+            f"(want {spec.canonical_json()!r})"
+        )
+    return lib
+
+
+def _dlclose(lib: ctypes.CDLL) -> None:
+    try:
+        import _ctypes
+
+        _ctypes.dlclose(lib._handle)
+    except (ImportError, AttributeError, OSError):
+        pass
+
+
+# Loaded kernels by (cache root, cache key): one binary per key, and its entry in that cache.
+_memo: dict[tuple[str, str], CompiledKernel] = {}
+_spec_keys: dict[tuple[str, ...], tuple[str, str]] = {}  # what the key derives from -> memo key
+_building: dict[tuple[str, ...], threading.Lock] = {}  # one builder per spec; others wait on it
+_lock = threading.Lock()  # guards the three dicts, never held while compiling
+
+
+def _as_spec(spec: KernelSpec | str) -> KernelSpec:
+    return spec if isinstance(spec, KernelSpec) else KernelSpec.from_json(spec)
+
+
+def _nvcc_or_empty() -> str:
+    try:
+        return str(toolchain.find_nvcc())
+    except toolchain.ToolchainError:
+        return ""  # prebuilt entries still load without a compiler
+
+
+def _memoized(env: tuple[str, ...]) -> CompiledKernel | None:
+    with _lock:
+        key = _spec_keys.get(env)
+        return _memo.get(key) if key is not None else None
+
+
+def compile(spec: KernelSpec | str) -> CompiledKernel:  # noqa: A001 - the public name is fa3gen.compile
+    """The loaded kernel for a spec (or its JSON): memoized in-process, else cached on disk, else built."""
+    spec = _as_spec(spec)
+    # Everything in-process the cache key depends on, so a warm call skips rendering and hashing.
+    env = (
+        spec.canonical_json(),
+        str(templates_dir()),
+        str(cache.cache_root(create=False)),
+        _nvcc_or_empty(),
+    )
+    if (kernel := _memoized(env)) is not None:
+        return kernel
+    with _lock:
+        building = _building.setdefault(env, threading.Lock())
+    with building:
+        if (kernel := _memoized(env)) is not None:
+            return kernel
+        result = build(spec)
+        memo_key = (str(result.entry.path.parent), result.key)
+        with _lock:
+            kernel = _memo.get(memo_key)
+        if kernel is None:
+            try:
+                lib = _load(spec, result)
+            except (_EntryMismatch, OSError):
+                # The files match the manifest but not the spec (or do not load): a corrupted entry.
+                cache.remove(result.entry)
+                result = build(spec)
+                lib = _load(spec, result)
+            kernel = CompiledKernel(spec, result, lib)
+        with _lock:
+            _memo[memo_key] = kernel
+            _spec_keys[env] = memo_key
+        return kernel

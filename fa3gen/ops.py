@@ -1,0 +1,330 @@
+"""The torch face of fa3gen: ``flash_attn_func`` and the ``fa3gen::fwd`` custom op.
+
+Layout and conventions (FlashAttention's):
+
+* q ``(batch, seqlen_q, nheads_q, head_dim)``, k ``(batch, seqlen_k, nheads_kv, head_dim)``,
+  v ``(batch, seqlen_k, nheads_kv, head_dim_v)``; out ``(batch, seqlen_q, nheads_q, head_dim_v)``
+  in q's dtype; lse ``(batch, nheads_q, seqlen_q)`` float32, natural log.
+* GQA/MQA: ``nheads_q`` must be a multiple of ``nheads_kv``; query head ``h`` reads kv head
+  ``h // (nheads_q // nheads_kv)``.
+* Causal masking is aligned to the bottom-right corner: query ``i`` sees key ``j`` iff
+  ``j <= i + seqlen_k - seqlen_q``. (torch SDPA's ``is_causal`` is top-left; the two agree only
+  when ``seqlen_q == seqlen_k``.) A query row that sees no key gets ``out = 0`` and ``lse = -inf``.
+* Inputs are not copied: the last dim must be contiguous, every batch/row/head stride a multiple
+  of 8 elements (16 bytes, a TMA requirement) and every base pointer 16-byte aligned. Anything
+  else is rejected with a ValueError that says what to do (usually ``.contiguous()``); fa3gen
+  never makes a hidden copy.
+* Empty problems launch nothing: batch, nheads or seqlen_q of 0 give empty outputs; seqlen_k of 0
+  gives ``out = 0`` and ``lse = -inf``.
+* Forward only: no autograd formula is registered yet (backward is a later issue). The op runs on
+  inputs that require grad, but calling ``.backward()`` through it raises.
+
+The op allocates its outputs with torch's caching allocator and launches on the current CUDA
+stream without any host synchronization, so it can be captured in a CUDA graph once its kernel
+is compiled (call it once before capturing).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import torch
+
+from fa3gen.abi import FwdParams
+
+__all__ = ["flash_attn_func", "fwd", "UnsupportedGPUError", "SUPPORTED_HEAD_DIMS"]
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_ALIGN_ELEMS = 8  # 16 bytes of a 2-byte dtype: TMA wants 16-byte strides
+_ALIGN_BYTES = 16
+_INT32_MAX = 2**31 - 1
+_REQUIRED_CAPABILITY = (9, 0)
+
+
+class UnsupportedGPUError(RuntimeError):
+    """The tensors live on a GPU the compiled kernels cannot run on (they need sm_90: H100/H200)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------------
+
+def _check_meta(q: Any, k: Any, v: Any) -> None:
+    """Checks that need only types, dtypes, shapes and strides (fine on fake and meta tensors)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fa3gen: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"fa3gen: {name} must have 4 dims (batch, seqlen, nheads, head_dim), "
+                f"got shape {tuple(t.shape)}"
+            )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _DTYPES:
+            raise TypeError(
+                f"fa3gen: {name} has dtype {t.dtype}; only torch.float16 and torch.bfloat16 are supported"
+            )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"fa3gen: q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
+    b, sq, hq, d = q.shape
+    bk, sk, hkv, dk = k.shape
+    bv, skv, hkvv, dv = v.shape
+    if not (b == bk == bv):
+        raise ValueError(f"fa3gen: batch sizes differ: q {b}, k {bk}, v {bv}")
+    if sk != skv:
+        raise ValueError(f"fa3gen: k and v must have the same seqlen, got k {sk}, v {skv}")
+    if hkv != hkvv:
+        raise ValueError(f"fa3gen: k and v must have the same number of heads, got k {hkv}, v {hkvv}")
+    if dk != d:
+        raise ValueError(f"fa3gen: q and k must have the same head_dim, got q {d}, k {dk}")
+    if hkv == 0 and hq != 0:
+        raise ValueError(f"fa3gen: k and v have 0 heads but q has {hq}")
+    if hkv != 0 and hq % hkv != 0:
+        raise ValueError(
+            f"fa3gen: nheads_q ({hq}) must be a multiple of nheads_kv ({hkv}) (GQA/MQA)"
+        )
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"fa3gen: head_dim {d} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
+    if dv not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"fa3gen: head_dim_v {dv} (v's last dim) is not supported; choose one of {SUPPORTED_HEAD_DIMS}"
+        )
+    for name, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", sk), ("nheads_q", hq), ("nheads_kv", hkv)):
+        if n > _INT32_MAX:
+            raise ValueError(f"fa3gen: {name} = {n} does not fit in int32")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            continue
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"fa3gen: {name} must be contiguous in its last dim (stride 1), got strides "
+                f"{tuple(t.stride())}; call {name}.contiguous()"
+            )
+        for dim, what in ((0, "batch"), (1, "seqlen"), (2, "head")):
+            if t.shape[dim] <= 1:
+                continue  # the stride of a size-1 dim is never used
+            st = t.stride(dim)
+            if st == 0:
+                raise ValueError(
+                    f"fa3gen: {name} has a broadcast (stride 0) {what} dim, strides {tuple(t.stride())}; "
+                    f"pass fewer kv heads for GQA/MQA or call {name}.contiguous()"
+                )
+            if st % _ALIGN_ELEMS != 0:
+                raise ValueError(
+                    f"fa3gen: {name}'s {what} stride {st} is not a multiple of {_ALIGN_ELEMS} elements "
+                    f"(16 bytes, required by TMA); strides {tuple(t.stride())}; call {name}.contiguous()"
+                )
+
+
+def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The tensors must be on one CUDA device."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ValueError(
+                f"fa3gen: {name} is on {t.device}; fa3gen kernels run on CUDA (Hopper) tensors only"
+            )
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"fa3gen: q, k, v must be on the same device, got q {q.device}, k {k.device}, v {v.device}"
+        )
+
+
+def _check_alignment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Base pointers must be 16-byte aligned (TMA). Real tensors only (reads data_ptr)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            continue
+        ptr = t.data_ptr()
+        if ptr % _ALIGN_BYTES != 0:
+            raise ValueError(
+                f"fa3gen: {name}'s data pointer 0x{ptr:x} is not {_ALIGN_BYTES}-byte aligned "
+                f"(storage offset {t.storage_offset()} elements; TMA needs 16-byte alignment); "
+                f"call {name}.contiguous() or slice at a multiple of {_ALIGN_ELEMS} elements"
+            )
+
+
+_GPU_OK: dict[int, bool] = {}
+
+
+def _check_gpu(device: torch.device) -> None:
+    """The GPU must be a Hopper (sm_90); the answer is cached per device index."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _GPU_OK.get(index):
+        return
+    cap = tuple(torch.cuda.get_device_capability(index))
+    if cap != _REQUIRED_CAPABILITY:
+        name = torch.cuda.get_device_name(index)
+        raise UnsupportedGPUError(
+            f"fa3gen: {name} (cuda:{index}) has compute capability {cap[0]}.{cap[1]}; fa3gen's kernels "
+            f"are built for sm_90a and need a Hopper GPU (H100/H200, capability 9.0)"
+        )
+    _GPU_OK[index] = True
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------
+
+_KERNELS: dict[tuple[int, int, str, bool], Any] = {}
+_KEY_LOCKS: dict[tuple[int, int, str, bool], threading.Lock] = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def _compile_fn():
+    import fa3gen
+
+    fn = fa3gen.compile
+    if not callable(fn):  # a module named fa3gen.compile shadowing the function
+        fn = fn.compile
+    return fn
+
+
+def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool):
+    """The compiled kernel of the registry's default spec for these inputs (memoized).
+
+    Thread-safe; different keys compile concurrently (one lock per key), so a thread pool can
+    prepare many kernels at once.
+    """
+    key = (int(head_dim), int(head_dim_v), dtype, bool(causal))
+    kern = _KERNELS.get(key)
+    if kern is not None:
+        return kern
+    with _KERNELS_LOCK:
+        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        kern = _KERNELS.get(key)
+        if kern is None:
+            from fa3gen import registry
+
+            spec = registry.default_spec(*key)
+            kern = _compile_fn()(spec)
+            _KERNELS[key] = kern
+    return kern
+
+
+def _clear_kernel_memo() -> None:
+    """Forget memoized kernels (tests that swap fa3gen.compile use this)."""
+    with _KERNELS_LOCK:
+        _KERNELS.clear()
+
+
+def _kernel_stride(t: torch.Tensor, dim: int) -> int:
+    """Stride of dim (0 batch, 1 row, 2 head) as the kernel gets it.
+
+    The stride of a size-1 dim is never used (its only index is 0), and torch leaves it arbitrary
+    (e.g. after unsqueeze or slicing), so the kernel gets a legal packed value instead: the extent
+    of the next inner dim, a multiple of 8 elements whenever the inner strides are.
+    """
+    if t.shape[dim] != 1:
+        return int(t.stride(dim))
+    if dim == t.dim() - 2:
+        return int(t.shape[-1])
+    return _kernel_stride(t, dim + 1) * int(t.shape[dim + 1])
+
+
+def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
+    p = FwdParams()
+    p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        setattr(p, f"{name}_batch_stride", _kernel_stride(t, 0))
+        setattr(p, f"{name}_row_stride", _kernel_stride(t, 1))
+        setattr(p, f"{name}_head_stride", _kernel_stride(t, 2))
+    p.batch, p.seqlen_q, p.nheads_q = q.shape[0], q.shape[1], q.shape[2]
+    p.seqlen_k, p.nheads_kv = k.shape[1], k.shape[2]
+    p.softmax_scale = float(softmax_scale)
+    return p
+
+
+def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+    """Run the forward kernel writing into out (b, sq, hq, dv) and lse (b, hq, sq) fp32.
+
+    Internal: callers have validated q, k, v; out must satisfy the same stride rules and lse
+    must be contiguous. Used by the op and by the GPU tests (to write into NaN-poisoned buffers).
+    """
+    kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal))
+    params = _make_params(q, k, v, out, lse, softmax_scale)
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        kernel.fwd(params, stream)
+
+
+def _forward_impl(q, k, v, softmax_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate, allocate, launch. Separate from the op so CPU tests can route it."""
+    _check_meta(q, k, v)
+    _check_device(q, k, v)
+    b, sq, hq, _ = q.shape
+    sk, dv = k.shape[1], v.shape[-1]
+    if b == 0 or sq == 0 or hq == 0:
+        out = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+        return out, lse
+    if sk == 0:
+        out = torch.zeros((b, sq, hq, dv), dtype=q.dtype, device=q.device)
+        lse = torch.full((b, hq, sq), float("-inf"), dtype=torch.float32, device=q.device)
+        return out, lse
+    _check_alignment(q, k, v)
+    _check_gpu(q.device)
+    out = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    _launch(q, k, v, out, lse, softmax_scale, causal)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# the custom op
+# ---------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("fa3gen::fwd", mutates_args=())
+def fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward: returns (out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) fp32)."""
+    return _forward_impl(q, k, v, softmax_scale, causal)
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, softmax_scale, causal):
+    _check_meta(q, k, v)
+    b, sq, hq, _ = q.shape
+    dv = v.shape[-1]
+    out = q.new_empty((b, sq, hq, dv))
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    return out, lse
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    return_lse: bool = False,
+):
+    """FlashAttention-3-style forward attention on Hopper.
+
+    Args:
+        q: (batch, seqlen_q, nheads_q, head_dim), fp16 or bf16, on a Hopper GPU.
+        k: (batch, seqlen_k, nheads_kv, head_dim); nheads_q must be a multiple of nheads_kv.
+        v: (batch, seqlen_k, nheads_kv, head_dim_v).
+        softmax_scale: defaults to 1 / sqrt(head_dim).
+        causal: bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
+        return_lse: also return the log-sum-exp (natural log) of each query row.
+
+    Returns:
+        out (batch, seqlen_q, nheads_q, head_dim_v) in q's dtype, or (out, lse) with lse
+        (batch, nheads_q, seqlen_q) float32. Rows that see no key: out 0, lse -inf.
+
+    Head dims 64, 96, 128, 192, 256. The first call for a (head_dim, head_dim_v, dtype, causal)
+    compiles (or loads from the cache) its kernel. Not differentiable yet.
+    """
+    _check_meta(q, k, v)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = torch.ops.fa3gen.fwd(q, k, v, float(softmax_scale), bool(causal))
+    return (out, lse) if return_lse else out

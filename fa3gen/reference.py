@@ -1,0 +1,74 @@
+"""Float64 reference attention: the ground truth for tests and the bench's spot check.
+
+Same conventions as ``fa3gen.flash_attn_func``: (batch, seqlen, nheads, head_dim) layout, GQA
+(query head h reads kv head h // (nheads_q // nheads_kv)), causal aligned to the bottom-right
+corner (query i sees key j iff j <= i + seqlen_k - seqlen_q), and a query row that sees no key
+gets out = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["attention_reference", "causal_mask"]
+
+# Bytes of float64 scores materialized at once; queries are processed in chunks to stay below.
+_SCORE_BYTES_BUDGET = 1 << 30
+
+
+def causal_mask(seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
+    """Bool (seqlen_q, seqlen_k), True where query i may see key j (bottom-right aligned)."""
+    i = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    return j <= i + (seqlen_k - seqlen_q)
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention in float64 on the tensors' device.
+
+    Args: q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), any dtype and strides.
+    Returns: out (b, sq, hq, dv) float64 and lse (b, hq, sq) float64 (natural log).
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("attention_reference: q, k, v must be 4-D (batch, seqlen, nheads, head_dim)")
+    b, sq, hq, d = q.shape
+    _, sk, hkv, _ = k.shape
+    dv = v.shape[-1]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"attention_reference: nheads_q {hq} is not a multiple of nheads_kv {hkv}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    qf = q.to(torch.float64).permute(0, 2, 1, 3)  # (b, hq, sq, d)
+    kf = k.to(torch.float64).permute(0, 2, 1, 3)  # (b, hkv, sk, d)
+    vf = v.to(torch.float64).permute(0, 2, 1, 3)
+    group = hq // hkv
+    if group > 1:
+        kf = kf.repeat_interleave(group, dim=1)
+        vf = vf.repeat_interleave(group, dim=1)
+    out = torch.zeros((b, hq, sq, dv), dtype=torch.float64, device=q.device)
+    lse = torch.full((b, hq, sq), float("-inf"), dtype=torch.float64, device=q.device)
+    if b == 0 or hq == 0 or sq == 0 or sk == 0:
+        return out.permute(0, 2, 1, 3).contiguous(), lse
+    chunk = max(1, _SCORE_BYTES_BUDGET // (8 * b * hq * sk))
+    for start in range(0, sq, chunk):
+        stop = min(sq, start + chunk)
+        s = torch.matmul(qf[:, :, start:stop], kf.transpose(-1, -2)) * softmax_scale
+        if causal:
+            i = torch.arange(start, stop, device=q.device).unsqueeze(1)
+            j = torch.arange(sk, device=q.device).unsqueeze(0)
+            s = s.masked_fill(~(j <= i + (sk - sq)), float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)  # -inf for rows that see no key
+        visible = torch.isfinite(row_lse)
+        p = torch.exp(s - torch.where(visible, row_lse, torch.zeros_like(row_lse)).unsqueeze(-1))
+        p = torch.where(visible.unsqueeze(-1), p, torch.zeros_like(p))
+        out[:, :, start:stop] = torch.matmul(p, vf)
+        lse[:, :, start:stop] = row_lse
+    return out.permute(0, 2, 1, 3).contiguous(), lse

@@ -1,0 +1,71 @@
+"""The prebuilt registry: the specs `fa3gen build --all` compiles and generated/ holds."""
+
+from __future__ import annotations
+
+from .spec import SUPPORTED_HEAD_DIMS, KernelSpec
+
+_DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+
+
+def _registry_name(head_dim: int, dtype: str, causal: bool) -> str:
+    return f"fwd_d{head_dim}_{dtype}" + ("_causal" if causal else "")
+
+
+REGISTRY: dict[str, KernelSpec] = {
+    _registry_name(d, dtype, causal): KernelSpec(head_dim=d, dtype=dtype, causal=causal)
+    for d in SUPPORTED_HEAD_DIMS
+    for dtype in ("bf16", "fp16")
+    for causal in (False, True)
+}
+
+# The spec `fa3gen demo` and the real-compile test build.
+REPRESENTATIVE = "fwd_d128_bf16"
+
+
+def registry_name(spec: KernelSpec) -> str | None:
+    """The short registry name of a spec, if it is one of the registry's."""
+    for name, candidate in REGISTRY.items():
+        if candidate == spec:
+            return name
+    return None
+
+
+def display_name(spec: KernelSpec) -> str:
+    """Registry name when there is one, else the spec's own (longer) name."""
+    return registry_name(spec) or spec.name
+
+
+def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool) -> KernelSpec:
+    """The spec to use for a problem: the registry's when present, else the per-head-dim defaults."""
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"head_dim={head_dim} is not supported: fa3gen kernels exist for head dims {SUPPORTED_HEAD_DIMS}"
+        )
+    if head_dim_v not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"head_dim_v={head_dim_v} is not supported: fa3gen kernels exist for head dims "
+            f"{SUPPORTED_HEAD_DIMS}"
+        )
+    canonical = _DTYPE_ALIASES.get(str(dtype).removeprefix("torch."))
+    if canonical is None:
+        raise ValueError(f"dtype={dtype!r} is not supported: use 'bf16' or 'fp16'")
+    if head_dim_v == head_dim:
+        return REGISTRY[_registry_name(head_dim, canonical, bool(causal))]
+    # A pydantic ValidationError (a ValueError) names the limit if this combination does not fit.
+    return KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal))
+
+
+def resolve(text: str) -> KernelSpec:
+    """A spec from the command line: a registry name, a spec's full name in the registry, or JSON."""
+    text = text.strip()
+    if text.startswith("{"):
+        return KernelSpec.from_json(text)
+    if text in REGISTRY:
+        return REGISTRY[text]
+    for spec in REGISTRY.values():
+        if spec.name == text:
+            return spec
+    raise ValueError(
+        f"unknown spec {text!r}: give a registry name ({', '.join(REGISTRY)}) or a spec as JSON, "
+        'e.g. \'{"head_dim": 128, "dtype": "bf16", "causal": true}\''
+    )

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The one script a session runs on the lent H200 (from the repo root there). Every step's output
+# is tee'd into a few files under $OUT (they come back): 
+#   env.log        setup, nvidia-smi, `fa3gen doctor`, the step summary
+#   build.log      `fa3gen build --all` (fills what the carried cache lacks), the cold-compile probe
+#   checks.log     SASS check of every built kernel (HGMMA, UTMALDG, no LDL/STL), compute-sanitizer
+#   gpu_tests.log  pytest -m gpu tests/gpu
+#   bench.md       `fa3gen bench` output: spot checks and the TFLOP/s table
+#   bench.json     the bench results as JSON
+#
+# Usage: scripts/device_run.sh [STEP ...]      (default: doctor build sass tests bench)
+#   steps: doctor build sass tests sanitize bench cold all
+#     sanitize  compute-sanitizer ($SANITIZE_TOOLS, default memcheck) on a tiny python run
+#     cold      time one spec's cold compile into an empty cache and its warm load (~1-2 min)
+#     all       doctor build sass tests sanitize bench cold
+# Env: OUT (default ./device-out), JOBS (16), FA3GEN_CACHE_DIR (default ./.devcache, carried),
+#      BENCH_ARGS (extra `fa3gen bench` args, e.g. "--hdim 128 --seqlens 2k,16k"),
+#      PYTEST_ARGS (extra pytest args, e.g. "-k graph"), TESTS_TIMEOUT (s, 420), BENCH_TIMEOUT (s, 300)
+# The device allows 600 s per command: `all` may not fit; run subsets across calls.
+# A failing step does not stop later ones; the exit status is nonzero if any step failed.
+
+set -u -o pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+JOBS=${JOBS:-16}
+export FA3GEN_CACHE_DIR=${FA3GEN_CACHE_DIR:-$PWD/.devcache}
+
+steps=("$@")
+[[ ${#steps[@]} -eq 0 ]] && steps=(doctor build sass tests bench)
+[[ " ${steps[*]} " == *" all "* ]] && steps=(doctor build sass tests sanitize bench cold)
+
+declare -a summary=()
+failed=0
+
+# run_step NAME LOGFILE FUNCTION: runs FUNCTION with its output appended to $OUT/LOGFILE.
+run_step() {
+  local name=$1 log="$OUT/$2" fn=$3 t0 rc
+  t0=$(date +%s)
+  echo "===== [$name] $(date -u +%FT%TZ) =====" | tee -a "$log"
+  "$fn" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  local dt=$(( $(date +%s) - t0 ))
+  echo "===== [$name] rc=$rc in ${dt}s =====" | tee -a "$log"
+  summary+=("$(printf '%-9s rc=%-3s %5ss  -> %s' "$name" "$rc" "$dt" "$2")")
+  [[ $rc -ne 0 ]] && failed=1
+  return 0
+}
+
+step_setup() {
+  mkdir -p "$FA3GEN_CACHE_DIR"
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+      || return 1
+  else
+    echo "warning: no .whl/ here; run ../shared/device/fetch-wheels.sh on the CPU machine and carry .whl"
+  fi
+  echo "PYTHONPATH=$PYTHONPATH FA3GEN_CACHE_DIR=$FA3GEN_CACHE_DIR steps: ${steps[*]}"
+  "$PY" -c "import sys, torch, pydantic; print(sys.version.split()[0], 'torch', torch.__version__, 'pydantic', pydantic.__version__)"
+}
+
+step_doctor() {
+  local rc=0
+  nvidia-smi || rc=1
+  "$PY" -m fa3gen.cli doctor || rc=1
+  return $rc
+}
+
+step_build() {
+  "$PY" -m fa3gen.cli build --all -j "$JOBS"
+}
+
+step_sass() {
+  local libs bad=0 so sass h t l s
+  mapfile -t libs < <(find "$FA3GEN_CACHE_DIR" -name kernel.so -not -path '*/tmp/*' | sort)
+  if [[ ${#libs[@]} -eq 0 ]]; then echo "no kernel.so under $FA3GEN_CACHE_DIR"; return 1; fi
+  sass=$(mktemp)
+  printf '%-44s %7s %8s %5s %5s\n' entry HGMMA UTMALDG LDL STL
+  for so in "${libs[@]}"; do
+    if ! cuobjdump --dump-sass "$so" >"$sass" 2>&1; then echo "cuobjdump failed on $so"; bad=1; continue; fi
+    h=$(grep -c HGMMA "$sass"); t=$(grep -c UTMALDG "$sass"); l=$(grep -c -w LDL "$sass"); s=$(grep -c -w STL "$sass")
+    printf '%-44s %7s %8s %5s %5s\n' "$(basename "$(dirname "$so")")" "$h" "$t" "$l" "$s"
+    if [[ $h -eq 0 || $t -eq 0 || $l -ne 0 || $s -ne 0 ]]; then bad=1; fi
+  done
+  echo "--- resource usage of the first kernel ---"
+  cuobjdump --dump-resource-usage "${libs[0]}" 2>&1 | grep -E 'Function|REG|SHARED|STACK' | head -20
+  rm -f "$sass"
+  [[ $bad -eq 0 ]] && echo "SASS check: OK (HGMMA and UTMALDG present, no LDL/STL)" \
+                   || echo "SASS check: FAILED (see the rows above)"
+  return $bad
+}
+
+step_tests() {
+  local extra=()
+  "$PY" -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=300)
+  # shellcheck disable=SC2086
+  timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu tests/gpu -x -rs -p no:cacheprovider \
+    --durations=10 "${extra[@]}" ${PYTEST_ARGS:-}
+}
+
+step_sanitize() {
+  local script=/tmp/fa3gen_sanitize.py tool rc=0
+  cat >"$script" <<'EOF'
+import torch
+import fa3gen
+cases = [  # (b, sq, sk, hq, hkv, d, dtype, causal): ragged, GQA, sq != sk, masked rows
+    (1, 17, 113, 4, 2, 128, torch.bfloat16, True),
+    (2, 113, 17, 2, 1, 64, torch.float16, True),
+    (1, 1, 1, 1, 1, 256, torch.bfloat16, False),
+    (1, 200, 200, 2, 2, 96, torch.float16, False),
+]
+for b, sq, sk, hq, hkv, d, dt, causal in cases:
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+    out, lse = fa3gen.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    torch.cuda.synchronize()
+    print("ok", (b, sq, sk, hq, hkv, d, dt, causal), bool(torch.isfinite(out).all()))
+EOF
+  for tool in ${SANITIZE_TOOLS:-memcheck}; do
+    echo "--- compute-sanitizer --tool $tool ---"
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$PY" "$script" || rc=1
+  done
+  return $rc
+}
+
+step_bench() {
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-300}" "$PY" -m fa3gen.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-}
+}
+
+step_cold() {
+  timeout 300 "$PY" -m fa3gen.cli bench --cold-compile --hdim 128 --seqlens 2k --causal off \
+    --no-matmul --no-check --reps 5
+}
+
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+run_step setup env.log step_setup
+for st in "${steps[@]}"; do
+  case $st in
+    doctor) run_step doctor env.log step_doctor ;;
+    build) run_step build build.log step_build ;;
+    sass) run_step sass checks.log step_sass ;;
+    tests) run_step tests gpu_tests.log step_tests ;;
+    sanitize) run_step sanitize checks.log step_sanitize ;;
+    bench) run_step bench bench.md step_bench ;;
+    cold) run_step cold build.log step_cold ;;
+    *) echo "unknown step: $st (doctor build sass tests sanitize bench cold all)" | tee -a "$OUT/env.log"; failed=1 ;;
+  esac
+done
+
+{
+  echo "===== summary ====="
+  printf '%s\n' "${summary[@]}"
+  echo "overall: $([[ $failed -eq 0 ]] && echo OK || echo FAILED)"
+} | tee -a "$OUT/env.log"
+exit $failed
