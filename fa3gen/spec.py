@@ -66,6 +66,9 @@ class KernelSpec(BaseModel):
     # On by default: measured on the H200 (2026-11-29, bf16, 16k tokens) it lifts hdim 128 at 8k from
     # 574 to 614 TFLOP/s and helps every head dim; pingpong alone did not pay (549).
     intra_wg_overlap: bool = True
+    # How tiles map to CTAs: "grid" one CTA per tile; "static" a persistent grid (one CTA per SM)
+    # walking tiles in order; "lpt" persistent, longest tiles first (for causal). None: by mask.
+    scheduler: Literal["grid", "static", "lpt"] | None = None
 
     @field_validator("head_dim_v")
     @classmethod
@@ -107,6 +110,8 @@ class KernelSpec(BaseModel):
                 data["block_n"] = bn
         if data.get("stages") is None:
             data["stages"] = 2
+        if data.get("scheduler") is None:
+            data["scheduler"] = "lpt" if causal else "static"
         if data.get("num_consumer_warpgroups") is None and isinstance(data.get("block_m"), int):
             data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
         return data
@@ -177,6 +182,7 @@ class KernelSpec(BaseModel):
         dims = f"d{self.head_dim}" + (f"x{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
         mask = "_causal" if self.causal else ""
         sched = ("_pp" if self.pingpong else "") + ("_ov" if self.intra_wg_overlap else "")
+        sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         return (
             f"{self.kind}_{dims}_{self.dtype}{mask}_m{self.block_m}n{self.block_n}s{self.stages}{sched}"
         )
