@@ -61,7 +61,7 @@ def test_doctor_reports_missing_nvcc(capsys: pytest.CaptureFixture[str], monkeyp
 def test_build_cache_ls_clear(capsys: pytest.CaptureFixture[str], cache_dir: Path) -> None:
     assert main(["build", "fwd_d128_bf16", "-j", "1"]) == 0
     out = capsys.readouterr().out
-    assert "[1/1] fwd_d128_bf16_m128n128s2: built in" in out
+    assert f"[1/1] {REGISTRY['fwd_d128_bf16'].name}: built in" in out
     (entry,) = [p for p in cache_dir.iterdir() if p.name.startswith("fwd_")]
     assert str(entry) in out
 
