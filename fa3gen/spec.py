@@ -21,7 +21,7 @@ WGMMA_K = 16  # K of one 16-bit WGMMA: block_n is the K of the P·V GEMM
 REGISTERS_PER_SM = 65536
 THREADS_PER_WARPGROUP = 128
 # setmaxnreg splits: (producer, consumer) registers per thread, by number of consumer warpgroups.
-REGISTER_SPLIT = {1: (56, 240), 2: (24, 240), 3: (32, 160)}
+REGISTER_SPLIT = {1: (56, 240), 2: (32, 232), 3: (32, 160)}
 # Registers a consumer thread needs beyond its accumulators (addresses, softmax state, indices).
 CONSUMER_REGISTER_OVERHEAD = 32
 

@@ -40,8 +40,8 @@ constexpr int kConsumerWarpgroups = 2;
 constexpr int kMmaThreads = 128 * kConsumerWarpgroups;
 constexpr int kThreads = 128 + kMmaThreads;  // warpgroup 0 produces, the others consume
 constexpr uint32_t kTurnBarrier = 0;  // first of the named barriers that order pingpong turns
-constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;
+constexpr int kProducerRegisters = 32;
+constexpr int kConsumerRegisters = 232;
 
 using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;   // S = Q·Kᵀ
 using TilePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;  // O += P·V
@@ -194,13 +194,10 @@ __device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& sm
                                         PipelineKV& pipeline_v, TileScheduler const& scheduler) {
   PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
   int tiles_loaded = 0;
-  for (int tile = scheduler.first_tile(); tile < scheduler.num_tiles; tile = scheduler.next_tile(tile)) {
-    TileCoord const t = scheduler.coord(p, tile);
-    int const n_blocks = num_key_blocks(p, t.m_block);
-    if (n_blocks == 0) { continue; }  // nothing visible: the consumers write zeros without loads
-    load_tile(p, smem, pipeline_k, pipeline_v, t, n_blocks, write, tiles_loaded);
-    ++tiles_loaded;
-  }
+  TileCoord const t = scheduler.coord(p, scheduler.first_tile());
+  int const n_blocks = num_key_blocks(p, t.m_block);
+  // With nothing visible the consumers write zeros without loads.
+  if (n_blocks > 0) { load_tile(p, smem, pipeline_k, pipeline_v, t, n_blocks, write, tiles_loaded); }
 }
 
 // ---- consumers: per key block, S = Q·Kᵀ (WGMMA, smem×smem), mask, online softmax, O += P·V (P in registers) ----
@@ -247,7 +244,8 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
 
   PipelineState read;  // stage of the next K (and V) block, continued across tiles
   int tiles_loaded = 0;
-  for (int tile = scheduler.first_tile(); tile < scheduler.num_tiles; tile = scheduler.next_tile(tile)) {
+  {  // one tile per CTA: no loop, so nothing is carried between tiles
+  int const tile = scheduler.first_tile();
   TileCoord const t = scheduler.coord(p, tile);
   int const n_blocks = num_key_blocks(p, t.m_block);
   clear(tOrO);

@@ -40,8 +40,8 @@ constexpr int kConsumerWarpgroups = 2;
 constexpr int kMmaThreads = 128 * kConsumerWarpgroups;
 constexpr int kThreads = 128 + kMmaThreads;  // warpgroup 0 produces, the others consume
 constexpr uint32_t kTurnBarrier = 0;  // first of the named barriers that order pingpong turns
-constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;
+constexpr int kProducerRegisters = 32;
+constexpr int kConsumerRegisters = 232;
 
 using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;   // S = Q·Kᵀ
 using TilePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;  // O += P·V
