@@ -18,38 +18,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fa3gen import abi  # noqa: E402
+from fa3gen.reference import attention_reference  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def reference(q, k, v, scale, causal):
-    qd, kd, vd = (t.double() for t in (q, k, v))
-    hq, hkv = q.shape[2], k.shape[2]
-    kd = kd.repeat_interleave(hq // hkv, dim=2)
-    vd = vd.repeat_interleave(hq // hkv, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * scale
-    sq, sk = q.shape[1], k.shape[1]
-    if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    return torch.einsum("bhqk,bkhd->bqhd", p, vd), lse
-
-
-def run(lib, spec, q, k, v, scale):
-    b, sq, hq, _ = q.shape
-    out = torch.full((b, sq, hq, v.shape[3]), float("nan"), dtype=q.dtype, device=q.device)
-    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
+def fwd_params(q, k, v, out, lse, scale) -> abi.FwdParams:
     p = abi.FwdParams()
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
     for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
         setattr(p, f"{name}_batch_stride", t.stride(0))
         setattr(p, f"{name}_row_stride", t.stride(1))
         setattr(p, f"{name}_head_stride", t.stride(2))
-    p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv = b, sq, k.shape[1], hq, k.shape[2]
+    p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
     p.softmax_scale = scale
+    return p
+
+
+def run(lib, q, k, v, scale):
+    b, sq, hq, _ = q.shape
+    out = torch.full((b, sq, hq, v.shape[3]), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
+    p = fwd_params(q, k, v, out, lse, scale)
     err = lib.fa3gen_fwd(ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     torch.cuda.synchronize()
     assert err == 0, f"fa3gen_fwd returned CUDA error {err}"
@@ -79,14 +69,7 @@ def time_lib(lib, spec, seqlens=(512, 2048, 8192, 16384)) -> None:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        p = abi.FwdParams()
-        p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-        for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
-            setattr(p, f"{name}_batch_stride", t.stride(0))
-            setattr(p, f"{name}_row_stride", t.stride(1))
-            setattr(p, f"{name}_head_stride", t.stride(2))
-        p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv = b, s, s, h, h
-        p.softmax_scale = 1 / math.sqrt(d)
+        p = fwd_params(q, k, v, out, lse, 1 / math.sqrt(d))
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         ms = median_ms(lambda: lib.fa3gen_fwd(ctypes.byref(p), stream))
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -112,8 +95,8 @@ def main(paths: list[str]) -> int:
             kv = torch.randn(b, sk, 2, hkv, max(d, dv), device="cuda", dtype=dt)  # packed: strided views
             k, v = kv[:, :, 0, :, :d], kv[:, :, 1, :, :dv]
             scale = 1 / math.sqrt(d)
-            out, lse = run(lib, spec, q, k, v, scale)
-            ref, ref_lse = reference(q, k, v, scale, causal)
+            out, lse = run(lib, q, k, v, scale)
+            ref, ref_lse = attention_reference(q, k, v, scale, causal)
             rel = ((out.double() - ref).norm() / ref.norm()).item()
             finite = torch.isfinite(ref_lse)
             lse_err = (lse.double()[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
