@@ -77,6 +77,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                     help="also time a cold compile of one spec into an empty cache (a subprocess)")
     ap.add_argument("--no-check", action="store_true", help="skip the spot check against cuDNN SDPA")
     ap.add_argument("--no-matmul", action="store_true", help="skip the bf16 8192^3 matmul ceiling")
+    ap.add_argument("--ablation", action="store_true",
+                    help="the FA3 paper's ablation instead of the grid: hdim 128, b=4, s=8448, h=16, "
+                         "one spec switch off at a time")
     ap.add_argument("--json", metavar="PATH", help="write all results as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="also write the table to this file")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: a dry run on cpu
@@ -200,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     else:
         dev, gpu = torch.device(args.device), f"{args.device} (dry run)"
+
+    if args.ablation:
+        from fa3gen import ablation
+
+        print(f"# fa3gen bench --ablation: {gpu}, torch {torch.__version__}", flush=True)
+        return ablation.run(args, lambda fn: time_cuda_ms(fn, args.warmup, args.reps, args.min_rep_ms))
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     hdims, seqlens = _int_list(args.hdim), _int_list(args.seqlens)

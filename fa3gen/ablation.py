@@ -1,0 +1,83 @@
+"""`fa3gen bench --ablation`: the FA3 paper's forward ablation, on this GPU, through spec switches.
+
+One shape (hdim 128, batch 4, seqlen 8448, 16 heads, bf16, not causal). Each variant is the
+default spec with one switch changed, compiled like any other spec, launched into the same
+inputs, checked against the default's output and timed with the same CUDA-event timer as the
+bench, beside cuDNN SDPA in this process.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .spec import KernelSpec
+
+SHAPE = {"batch": 4, "seqlen": 8448, "nheads": 16, "head_dim": 128}
+
+
+def variants(dtype: str = "bf16") -> dict[str, KernelSpec | None]:
+    """Name -> spec; None marks a variant the spec cannot express."""
+    base = KernelSpec(head_dim=SHAPE["head_dim"], dtype=dtype)
+    return {
+        "default (overlap, persistent static)": base,
+        "+ pingpong": base.model_copy(update={"pingpong": True}),
+        "no intra-warpgroup overlap": base.model_copy(update={"intra_wg_overlap": False}),
+        "no overlap, + pingpong": base.model_copy(update={"intra_wg_overlap": False, "pingpong": True}),
+        "one CTA per tile (no persistence)": base.model_copy(update={"scheduler": "grid"}),
+        # Every fa3gen kernel has a TMA producer warpgroup: there is no spec without it.
+        "no warp specialization": None,
+    }
+
+
+def run(args: Any, time_ms) -> int:
+    """Runs the ablation; `time_ms(fn)` is the bench's timer. Returns a process exit code."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from . import build_many, compile
+    from .ops import _make_params
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    b, s, h, d = SHAPE["batch"], SHAPE["seqlen"], SHAPE["nheads"], SHAPE["head_dim"]
+    flops = 4 * b * h * s * s * d
+    specs = {name: spec for name, spec in variants(args.dtype).items()}
+    # The model_copy above skips validation: re-validate so a bad combination fails loudly here.
+    specs = {n: (KernelSpec.model_validate(sp.model_dump()) if sp else None) for n, sp in specs.items()}
+    build_many([sp for sp in specs.values() if sp], jobs=args.jobs,
+               progress=lambda line: print(f"  {line}", flush=True))
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    scale = 1.0 / math.sqrt(d)
+    stream = torch.cuda.current_stream().cuda_stream
+    reference = None
+    rows, failed = [], False
+    for name, spec in specs.items():
+        if spec is None:
+            rows.append(f"| {name} | n/a | spec cannot express it |")
+            continue
+        kernel = compile(spec)
+        out = torch.full((b, s, h, d), float("nan"), device="cuda", dtype=dtype)
+        lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
+        params = _make_params(q, k, v, out, lse, scale)
+        kernel.fwd(params, stream)
+        torch.cuda.synchronize()
+        if reference is None:
+            reference = out.clone()
+        diff = float((out.float() - reference.float()).abs().max())
+        ok = bool(torch.isfinite(out).all()) and diff < 1e-2
+        failed |= not ok
+        ms = time_ms(lambda: kernel.fwd(params, stream))
+        rows.append(f"| {name} | {flops / ms / 1e9:.1f} | `{spec.name}`, max diff vs default {diff:.1e}"
+                    f"{'' if ok else ' FAILED'} |")
+        print(rows[-1], flush=True)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ms = time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, scale=scale))
+    rows.append(f"| cuDNN SDPA (reference) | {flops / ms / 1e9:.1f} | same inputs, same process |")
+    print(f"\nablation: hdim {d}, batch {b}, seqlen {s}, {h} heads, {args.dtype}, not causal; "
+          f"TFLOP/s, median of {args.reps}\n")
+    print("\n".join(["| variant | TFLOP/s | spec |", "|---|---|---|", *rows]), flush=True)
+    return 1 if failed else 0

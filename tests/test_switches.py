@@ -1,0 +1,36 @@
+"""Every combination of the schedule switches that the spec allows renders into the kernel it names.
+
+(A sample of them is compiled for real in test_compile_real.py.)
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from pydantic import ValidationError
+
+from fa3gen import KernelSpec, render
+from fa3gen.spec import SUPPORTED_HEAD_DIMS
+
+COMBOS = list(itertools.product(SUPPORTED_HEAD_DIMS, (False, True), (False, True), (False, True),
+                                ("grid", "static", "lpt")))
+
+
+@pytest.mark.parametrize("head_dim, causal, pingpong, overlap, scheduler", COMBOS)
+def test_switch_combination_renders_its_schedule(head_dim, causal, pingpong, overlap, scheduler):
+    fields = dict(head_dim=head_dim, causal=causal, pingpong=pingpong, intra_wg_overlap=overlap,
+                  scheduler=scheduler)
+    if pingpong and KernelSpec(head_dim=head_dim).num_consumer_warpgroups != 2:
+        with pytest.raises(ValidationError, match="pingpong needs num_consumer_warpgroups=2"):
+            KernelSpec(**fields)
+        return
+    spec = KernelSpec(**fields)
+    src = render(spec)
+    assert spec.canonical_json() in src
+    # Each switch shows up as the code it selects, and only then.
+    assert ("NamedBarrier::sync(kMmaThreads, kTurnBarrier + warpgroup)" in src) == pingpong
+    assert ("warpgroup_wait<1>();" in src) == overlap
+    assert ("tile + int(gridDim.x)" in src) == (scheduler != "grid")
+    assert ("num_m_blocks - 1 - tile % num_m_blocks" in src) == (scheduler == "lpt")
+    assert ("crosses_diagonal" in src) == causal
