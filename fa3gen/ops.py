@@ -177,12 +177,10 @@ _KERNELS_LOCK = threading.Lock()
 
 
 def _compile_fn():
+    """fa3gen.compile, looked up at call time so tests can swap it."""
     import fa3gen
 
-    fn = fa3gen.compile
-    if not callable(fn):  # a module named fa3gen.compile shadowing the function
-        fn = fn.compile
-    return fn
+    return fa3gen.compile
 
 
 def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool):
