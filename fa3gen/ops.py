@@ -34,7 +34,7 @@ import torch
 
 from fa3gen.abi import FwdParams
 
-__all__ = ["flash_attn_func", "fwd", "UnsupportedGPUError", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["flash_attn_func", "fwd", "run_kernel", "UnsupportedGPUError", "SUPPORTED_HEAD_DIMS"]
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -239,21 +239,23 @@ def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
     return p
 
 
-def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None) -> None:
     """Run the forward kernel writing into out (b, sq, hq, dv) and lse (b, hq, sq) fp32.
 
     Internal: callers have validated q, k, v; out must satisfy the same stride rules and lse
     must be contiguous. Used by the op and by the GPU tests (to write into NaN-poisoned buffers).
     """
-    kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal))
+    if kernel is None:  # the registry kernel for these inputs
+        kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal))
     params = _make_params(q, k, v, out, lse, softmax_scale)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         kernel.fwd(params, stream)
 
 
-def _forward_impl(q, k, v, softmax_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate, allocate, launch. Separate from the op so CPU tests can route it."""
+def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate, allocate, launch (the registry kernel, or `kernel`). Separate from the op so CPU
+    tests can route it."""
     _check_meta(q, k, v)
     _check_device(q, k, v)
     b, sq, hq, _ = q.shape
@@ -270,8 +272,29 @@ def _forward_impl(q, k, v, softmax_scale: float, causal: bool) -> tuple[torch.Te
     _check_gpu(q.device)
     out = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    _launch(q, k, v, out, lse, softmax_scale, causal)
+    _launch(q, k, v, out, lse, softmax_scale, causal, kernel)
     return out, lse
+
+
+def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               softmax_scale: float | None = None, return_lse: bool = False):
+    """Runs one compiled kernel (``fa3gen.compile(spec)``) on q, k, v: the path for a custom spec.
+
+    Same layout, validation and conventions as ``flash_attn_func``; causal comes from the spec.
+    Not a registered custom op (``torch.compile`` sees a graph break); use ``flash_attn_func``
+    for the registry kernels inside compiled graphs.
+    """
+    spec = kernel.spec
+    _check_meta(q, k, v)
+    want = {torch.float16: "fp16", torch.bfloat16: "bf16"}[q.dtype]
+    if (want, q.shape[-1], v.shape[-1]) != (spec.dtype, spec.head_dim, spec.head_dim_v):
+        raise ValueError(
+            f"fa3gen: kernel {spec.name} takes {spec.dtype} with head_dim {spec.head_dim} and head_dim_v "
+            f"{spec.head_dim_v}; got {want} with head_dim {q.shape[-1]} and head_dim_v {v.shape[-1]}"
+        )
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    out, lse = _forward_impl(q, k, v, scale, spec.causal, kernel)
+    return (out, lse) if return_lse else out
 
 
 # ---------------------------------------------------------------------------------------------

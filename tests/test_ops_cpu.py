@@ -488,3 +488,37 @@ def test_bench_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_op):
         flops = attn_fwd_flops(case["batch"], case["nheads"], case["seqlen"], case["seqlen"],
                                case["head_dim"], case["causal"])
         assert case["flops"] == flops
+
+
+# --- running one compiled kernel (a custom spec) ---------------------------------------------
+
+class _FakeKernel:
+    """Stands in for a CompiledKernel: run_kernel reads only .spec before it launches."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+
+def test_run_kernel_rejects_inputs_the_spec_was_not_built_for():
+    from fa3gen import KernelSpec
+    from fa3gen.ops import run_kernel
+
+    kernel = _FakeKernel(KernelSpec(head_dim=128, dtype="fp16", block_n=112))
+    q = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"takes fp16 with head_dim 128 .* got fp16 with head_dim 64"):
+        run_kernel(kernel, q, q, q)
+    q = torch.randn(1, 8, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"takes fp16 .* got bf16"):
+        run_kernel(kernel, q, q, q)
+
+
+def test_run_kernel_validates_like_flash_attn_func():
+    from fa3gen import KernelSpec
+    from fa3gen.ops import run_kernel
+
+    kernel = _FakeKernel(KernelSpec(head_dim=128, causal=True))
+    q = torch.randn(1, 8, 2, 128, dtype=torch.bfloat16)  # right spec, but on the CPU
+    with pytest.raises(ValueError, match="fa3gen kernels run on CUDA"):
+        run_kernel(kernel, q, q, q)
+    with pytest.raises(ValueError, match="must have 4 dims"):
+        run_kernel(kernel, q[0], q, q)
