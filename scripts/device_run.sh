@@ -9,8 +9,9 @@
 #   bench.json     the bench results as JSON
 #
 # Usage: scripts/device_run.sh [STEP ...]      (default: doctor build sass tests bench)
-#   steps: doctor build sass tests sanitize bench cold all
+#   steps: doctor build sass tests sanitize bench ablation cold all
 #     sanitize  compute-sanitizer ($SANITIZE_TOOLS, default memcheck) on a tiny python run
+#     ablation  `fa3gen bench --ablation` (FA3 paper's ablation through spec switches)
 #     cold      time one spec's cold compile into an empty cache and its warm load (~1-2 min)
 #     all       doctor build sass tests sanitize bench cold
 # Env: OUT (default ./device-out), JOBS (16), FA3GEN_CACHE_DIR (default ./.devcache, carried),
@@ -138,6 +139,10 @@ step_bench() {
   timeout "${BENCH_TIMEOUT:-300}" "$PY" -m fa3gen.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-}
 }
 
+step_ablation() {
+  timeout "${BENCH_TIMEOUT:-300}" "$PY" -m fa3gen.cli bench --ablation
+}
+
 step_cold() {
   timeout 300 "$PY" -m fa3gen.cli bench --cold-compile --hdim 128 --seqlens 2k --causal off \
     --no-matmul --no-check --reps 5
@@ -154,7 +159,8 @@ for st in "${steps[@]}"; do
     sanitize) run_step sanitize checks.log step_sanitize ;;
     bench) run_step bench bench.md step_bench ;;
     cold) run_step cold build.log step_cold ;;
-    *) echo "unknown step: $st (doctor build sass tests sanitize bench cold all)" | tee -a "$OUT/env.log"; failed=1 ;;
+    ablation) run_step ablation bench.md step_ablation ;;
+    *) echo "unknown step: $st (doctor build sass tests sanitize bench ablation cold all)" | tee -a "$OUT/env.log"; failed=1 ;;
   esac
 done
 
