@@ -286,7 +286,7 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     spec = kernel.spec
     _check_meta(q, k, v)
-    want = {torch.float16: "fp16", torch.bfloat16: "bf16"}[q.dtype]
+    want = _DTYPES[q.dtype]
     if (want, q.shape[-1], v.shape[-1]) != (spec.dtype, spec.head_dim, spec.head_dim_v):
         raise ValueError(
             f"fa3gen: kernel {spec.name} takes {spec.dtype} with head_dim {spec.head_dim} and head_dim_v "

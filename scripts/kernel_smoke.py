@@ -18,46 +18,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fa3gen import abi  # noqa: E402
+from fa3gen.bench import attn_fwd_flops, time_cuda_ms  # noqa: E402
+from fa3gen.ops import _make_params  # noqa: E402
 from fa3gen.reference import attention_reference  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def fwd_params(q, k, v, out, lse, scale) -> abi.FwdParams:
-    p = abi.FwdParams()
-    p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-    for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
-        setattr(p, f"{name}_batch_stride", t.stride(0))
-        setattr(p, f"{name}_row_stride", t.stride(1))
-        setattr(p, f"{name}_head_stride", t.stride(2))
-    p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv = q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    p.softmax_scale = scale
-    return p
 
 
 def run(lib, q, k, v, scale):
     b, sq, hq, _ = q.shape
     out = torch.full((b, sq, hq, v.shape[3]), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
-    p = fwd_params(q, k, v, out, lse, scale)
+    p = _make_params(q, k, v, out, lse, scale)
     err = lib.fa3gen_fwd(ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     torch.cuda.synchronize()
     assert err == 0, f"fa3gen_fwd returned CUDA error {err}"
     return out, lse
-
-
-def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def time_lib(lib, spec, seqlens=(512, 2048, 8192, 16384)) -> None:
@@ -69,13 +45,13 @@ def time_lib(lib, spec, seqlens=(512, 2048, 8192, 16384)) -> None:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        p = fwd_params(q, k, v, out, lse, 1 / math.sqrt(d))
+        p = _make_params(q, k, v, out, lse, 1 / math.sqrt(d))
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        ms = median_ms(lambda: lib.fa3gen_fwd(ctypes.byref(p), stream))
+        ms = time_cuda_ms(lambda: lib.fa3gen_fwd(ctypes.byref(p), stream), 5, 30, 2.0)
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            ms_cudnn = median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
-        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            ms_cudnn = time_cuda_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), 5, 30, 2.0)
+        flops = attn_fwd_flops(b, h, s, s, d, causal)
         print(f"TIME {spec['head_dim']} causal={causal} s={s}: fa3gen {flops / ms / 1e9:.0f} TFLOP/s, "
               f"cuDNN {flops / ms_cudnn / 1e9:.0f} TFLOP/s", flush=True)
 
