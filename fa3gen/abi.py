@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _STRIDE_FIELDS = [
     f"{t}_{s}_stride" for t in ("q", "k", "v", "o") for s in ("batch", "row", "head")
@@ -12,14 +12,14 @@ _STRIDE_FIELDS = [
 
 
 class FwdParams(ctypes.Structure):
-    """Forward problem: raw device pointers, element strides, sizes and the softmax scale."""
+    """Forward problem: raw device pointers, element strides, sizes, the softmax scale and scratch."""
 
     _fields_ = (
         [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
          ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p)]
         + [(name, ctypes.c_int64) for name in _STRIDE_FIELDS]
         + [(name, ctypes.c_int32) for name in ("batch", "seqlen_q", "seqlen_k", "nheads_q", "nheads_kv")]
-        + [("softmax_scale", ctypes.c_float)]
+        + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p)]
     )
 
 
@@ -29,6 +29,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.fa3gen_abi_version.argtypes = []
     lib.fa3gen_spec_json.restype = ctypes.c_char_p
     lib.fa3gen_spec_json.argtypes = []
+    lib.fa3gen_fwd_workspace_bytes.restype = ctypes.c_int
+    lib.fa3gen_fwd_workspace_bytes.argtypes = []
     lib.fa3gen_fwd.restype = ctypes.c_int
     lib.fa3gen_fwd.argtypes = [ctypes.POINTER(FwdParams), ctypes.c_void_p]
     return lib

@@ -36,6 +36,11 @@ class CompiledKernel:
     def build_result(self) -> BuildResult:
         return self._result
 
+    @property
+    def workspace_bytes(self) -> int:
+        """Device scratch each launch needs in ``params.workspace`` (0: none)."""
+        return int(self._lib.fa3gen_fwd_workspace_bytes())
+
     def fwd(self, params: abi.FwdParams, stream: int) -> None:
         """Launch the forward kernel on `stream` (a cudaStream_t as an int; 0 = default stream)."""
         err = self._lib.fa3gen_fwd(ctypes.byref(params), ctypes.c_void_p(stream or None))

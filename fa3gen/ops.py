@@ -239,6 +239,11 @@ def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
     return p
 
 
+def _workspace(nbytes: int, device: torch.device) -> torch.Tensor | None:
+    """Device scratch a kernel launch asks for (16-byte aligned, as the allocator gives it)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
+
+
 def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None) -> None:
     """Run the forward kernel writing into out (b, sq, hq, dv) and lse (b, hq, sq) fp32.
 
@@ -248,6 +253,10 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
     if kernel is None:  # the registry kernel for these inputs
         kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal))
     params = _make_params(q, k, v, out, lse, softmax_scale)
+    # Scratch for this launch only (the lpt scheduler's tile counter); the caching allocator keeps
+    # it from being reused on this stream before the kernel is done with it.
+    workspace = _workspace(kernel.workspace_bytes, q.device)
+    params.workspace = workspace.data_ptr() if workspace is not None else None
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         kernel.fwd(params, stream)

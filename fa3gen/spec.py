@@ -70,9 +70,8 @@ class KernelSpec(BaseModel):
     # 574 to 614 TFLOP/s and helps every head dim; pingpong alone did not pay (549).
     intra_wg_overlap: bool = True
     # How tiles map to CTAs: "grid" one CTA per tile; "static" a persistent grid (one CTA per SM)
-    # walking tiles in order; "lpt" persistent, longest tiles first. None: "static" when not causal;
-    # "grid" when causal, because a static split of unequal causal tiles measured worse than the
-    # hardware's own dynamic CTA scheduling (H200, d128 s16k: lpt 400 vs grid 583 TFLOP/s).
+    # walking tiles in a fixed stride; "lpt" persistent, claiming tiles dynamically from a global
+    # counter, longest first. None: "static" when not causal (tiles are equal), "lpt" when causal.
     scheduler: Literal["grid", "static", "lpt"] | None = None
 
     @field_validator("head_dim_v")
@@ -119,7 +118,7 @@ class KernelSpec(BaseModel):
         if data.get("stages") is None:
             data["stages"] = 2
         if data.get("scheduler") is None:
-            data["scheduler"] = "grid" if causal else "static"
+            data["scheduler"] = "lpt" if causal else "static"
         if data.get("num_consumer_warpgroups") is None and isinstance(data.get("block_m"), int):
             data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
         return data

@@ -118,7 +118,7 @@ struct TileScheduler {
         num_tiles(num_m_blocks * num_heads_batches) {}
 
   __device__ int first_tile() const { return int(blockIdx.x); }
-  __device__ int next_tile(int tile) const {
+  __device__ int next_tile(KernelParams const&, int tile) const {
     return tile + int(gridDim.x);
   }
 
@@ -129,6 +129,8 @@ struct TileScheduler {
     return {m_block, head, head_batch / p.nheads_q, head / (p.nheads_q / p.nheads_kv)};
   }
 };
+
+struct TileHandoff {};  // both roles walk the same fixed sequence: nothing to hand over
 
 // Number of key blocks the tile reads, counted from block 0; blocks are visited last to first.
 // Causal attention is aligned to the bottom-right corner: query i sees key j iff
@@ -188,15 +190,19 @@ __device__ __forceinline__ void load_tile(KernelParams const& p, SharedStorage& 
 }
 
 __device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& smem, PipelineKV& pipeline_k,
-                                        PipelineKV& pipeline_v, TileScheduler const& scheduler) {
+                                        PipelineKV& pipeline_v, TileScheduler const& scheduler,
+                                        TileHandoff& handoff) {
   PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
   int tiles_loaded = 0;
-  for (int tile = scheduler.first_tile(); tile < scheduler.num_tiles; tile = scheduler.next_tile(tile)) {
+  for (int tile = scheduler.first_tile(); tile < scheduler.num_tiles;) {
+    int const next = scheduler.next_tile(p, tile);
     TileCoord const t = scheduler.coord(p, tile);
     int const n_blocks = num_key_blocks(p, t.m_block);
-    if (n_blocks == 0) { continue; }  // nothing visible: the consumers write zeros without loads
-    load_tile(p, smem, pipeline_k, pipeline_v, t, n_blocks, write, tiles_loaded);
-    ++tiles_loaded;
+    if (n_blocks > 0) {  // else nothing visible: the consumers write zeros without loads
+      load_tile(p, smem, pipeline_k, pipeline_v, t, n_blocks, write, tiles_loaded);
+      ++tiles_loaded;
+    }
+    tile = next;
   }
 }
 
@@ -217,7 +223,8 @@ __device__ __forceinline__ void mask_scores(KernelParams const& p, TensorS& s, T
 }
 
 __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& smem, PipelineKV& pipeline_k,
-                                        PipelineKV& pipeline_v, TileScheduler const& scheduler, int mma_thread) {
+                                        PipelineKV& pipeline_v, TileScheduler const& scheduler,
+                                        TileHandoff& handoff, int mma_thread) {
   TiledMmaQK mma_qk;
   TiledMmaPV mma_pv;
   auto thread_qk = mma_qk.get_thread_slice(mma_thread);
@@ -243,7 +250,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
 
   PipelineState read;  // stage of the next K (and V) block, continued across tiles
   int tiles_loaded = 0;
-  for (int tile = scheduler.first_tile(); tile < scheduler.num_tiles; tile = scheduler.next_tile(tile)) {
+  for (int tile = scheduler.first_tile(); tile < scheduler.num_tiles; tile = scheduler.next_tile(p, tile)) {
   TileCoord const t = scheduler.coord(p, tile);
   int const n_blocks = num_key_blocks(p, t.m_block);
   clear(tOrO);
@@ -357,10 +364,12 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(CUTE_GRID_CONSTANT Ker
   TileScheduler const scheduler(p);
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-    if (threadIdx.x == 0) { produce(p, smem, pipeline_k, pipeline_v, scheduler); }
+    TileHandoff handoff;
+    if (threadIdx.x == 0) { produce(p, smem, pipeline_k, pipeline_v, scheduler, handoff); }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    consume(p, smem, pipeline_k, pipeline_v, scheduler, int(threadIdx.x) - 128);
+    TileHandoff handoff;
+    consume(p, smem, pipeline_k, pipeline_v, scheduler, handoff, int(threadIdx.x) - 128);
   }
 }
 
@@ -391,16 +400,17 @@ cudaError_t configure_once() {
   return err;
 }
 
-// Persistent schedulers launch one CTA per SM (one CTA fits an SM: shared memory is nearly all used).
-cudaError_t multiprocessor_count(int* count) {
+// A device attribute of the current device, queried once per device and attribute.
+template <cudaDeviceAttr kAttribute>
+cudaError_t device_attribute(int* value) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices];
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) { return err; }
-  if (device < kMaxDevices && (*count = cached[device].load()) > 0) { return cudaSuccess; }
-  err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess && device < kMaxDevices) { cached[device].store(*count); }
+  if (device < kMaxDevices && (*value = cached[device].load()) > 0) { return cudaSuccess; }
+  err = cudaDeviceGetAttribute(value, kAttribute, device);
+  if (err == cudaSuccess && device < kMaxDevices) { cached[device].store(*value); }
   return err;
 }
 
@@ -408,12 +418,17 @@ cudaError_t multiprocessor_count(int* count) {
 
 extern "C" int fa3gen_abi_version(void) { return FA3GEN_ABI_VERSION; }
 
+// The lpt scheduler's tile counter; the other schedulers need no scratch.
+constexpr int kWorkspaceBytes = 0;
+extern "C" int fa3gen_fwd_workspace_bytes(void) { return kWorkspaceBytes; }
+
 extern "C" const char* fa3gen_spec_json(void) { return R"FA3GEN_SPEC({"block_m":128,"block_n":80,"causal":false,"dtype":"bf16","head_dim":256,"head_dim_v":256,"intra_wg_overlap":true,"kind":"fwd","num_consumer_warpgroups":2,"pingpong":false,"scheduler":"static","stages":2})FA3GEN_SPEC"; }
 
 extern "C" int fa3gen_fwd(const Fa3genFwdParams* a, void* stream) {
   if (a->batch == 0 || a->seqlen_q == 0 || a->nheads_q == 0) { return cudaSuccess; }
   if (a->seqlen_k <= 0 || a->nheads_kv <= 0 || a->nheads_q % a->nheads_kv != 0) { return cudaErrorInvalidValue; }
   if (cudaError_t err = configure_once(); err != cudaSuccess) { return err; }
+  if (kWorkspaceBytes > 0 && a->workspace == nullptr) { return cudaErrorInvalidValue; }
   KernelParams p{
       make_tma_copy(SM90_TMA_LOAD{}, gmem_tensor(a->q, a->seqlen_q, kHeadDim, a->nheads_q, a->batch, a->q_row_stride, a->q_head_stride, a->q_batch_stride),
                     SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}),
@@ -429,9 +444,10 @@ extern "C" int fa3gen_fwd(const Fa3genFwdParams* a, void* stream) {
       a->softmax_scale * float(M_LOG2E),
   };
   int64_t const num_tiles = int64_t(cute::ceil_div(a->seqlen_q, kBlockM)) * a->nheads_q * a->batch;
-  if (num_tiles > INT32_MAX) { return cudaErrorInvalidValue; }
+  if (num_tiles > INT32_MAX - (1 << 20)) { return cudaErrorInvalidValue; }  // tile indices (and claims past the end) fit int
+  // Persistent: one CTA per SM (one CTA fills an SM: shared memory is nearly all used).
   int sm_count = 0;
-  if (cudaError_t err = multiprocessor_count(&sm_count); err != cudaSuccess) { return err; }
+  if (cudaError_t err = device_attribute<cudaDevAttrMultiProcessorCount>(&sm_count); err != cudaSuccess) { return err; }
   dim3 grid(static_cast<unsigned>(min<int64_t>(num_tiles, sm_count)));
   fwd_kernel<<<grid, kThreads, sizeof(SharedStorage), static_cast<cudaStream_t>(stream)>>>(p);
   return cudaGetLastError();

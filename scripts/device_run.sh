@@ -12,11 +12,14 @@
 #   steps: doctor build sass tests sanitize bench ablation cold all
 #     sanitize  compute-sanitizer ($SANITIZE_TOOLS, default memcheck) on a tiny python run
 #     ablation  `fa3gen bench --ablation` (FA3 paper's ablation through spec switches)
+#     compare   scripts/kernel_smoke.py --time on each spec of $COMPARE_SPECS (JSON specs, ';'-separated):
+#               fp64 checks, then TFLOP/s beside cuDNN in one process (quick A/B of spec variants)
 #     cold      time one spec's cold compile into an empty cache and its warm load (~1-2 min)
 #     all       doctor build sass tests sanitize bench cold
 # Env: OUT (default ./device-out), JOBS (16), FA3GEN_CACHE_DIR (default ./.devcache, carried),
 #      BENCH_ARGS (extra `fa3gen bench` args, e.g. "--hdim 128 --seqlens 2k,16k"),
-#      PYTEST_ARGS (extra pytest args, e.g. "-k graph"), TESTS_TIMEOUT (s, 420), BENCH_TIMEOUT (s, 300)
+#      PYTEST_ARGS (extra pytest args, e.g. "-k graph"), TESTS_TIMEOUT (s, 420), BENCH_TIMEOUT (s, 300),
+#      COMPARE_SPECS (for compare; built with the build step when it runs first)
 # The device allows 600 s per command: `all` may not fit; run subsets across calls.
 # A failing step does not stop later ones; the exit status is nonzero if any step failed.
 
@@ -70,9 +73,12 @@ step_doctor() {
 }
 
 step_build() {
-  # The registry, plus the head_dim != head_dim_v specs the GPU tests use (built alongside).
-  local rc=0 pids=()
-  for extra in '{"head_dim":192,"head_dim_v":128}' '{"head_dim":192,"head_dim_v":128,"causal":true}'; do
+  # The registry, plus (built alongside) the head_dim != head_dim_v specs the GPU tests use, the
+  # sanitizer's pingpong spec and $COMPARE_SPECS.
+  local rc=0 pids=() extras=()
+  mapfile -t extras < <(compare_specs)
+  extras+=('{"head_dim":192,"head_dim_v":128}' '{"head_dim":192,"head_dim_v":128,"causal":true}' "$PINGPONG_SPEC")
+  for extra in "${extras[@]}"; do
     "$PY" -m fa3gen.cli build "$extra" & pids+=($!)
   done
   "$PY" -m fa3gen.cli build --all -j "$JOBS" || rc=1
@@ -111,6 +117,7 @@ step_tests() {
 step_sanitize() {
   local script=/tmp/fa3gen_sanitize.py tool rc=0
   cat >"$script" <<'EOF'
+import sys
 import torch
 import fa3gen
 cases = [  # (b, sq, sk, hq, hkv, d, dtype, causal): ragged, GQA, sq != sk, masked rows
@@ -119,17 +126,22 @@ cases = [  # (b, sq, sk, hq, hkv, d, dtype, causal): ragged, GQA, sq != sk, mask
     (1, 1, 1, 1, 1, 256, torch.bfloat16, False),
     (1, 200, 200, 2, 2, 96, torch.float16, False),
 ]
+pingpong = fa3gen.compile(sys.argv[1])  # pingpong + intra-warpgroup overlap, causal
+cases.append((2, 300, 517, 4, 2, 128, torch.bfloat16, pingpong))
 for b, sq, sk, hq, hkv, d, dt, causal in cases:
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
-    out, lse = fa3gen.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    if isinstance(causal, bool):
+        out, lse = fa3gen.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    else:  # a compiled custom spec
+        out = causal(q, k, v)
     torch.cuda.synchronize()
     print("ok", (b, sq, sk, hq, hkv, d, dt, causal), bool(torch.isfinite(out).all()))
 EOF
   for tool in ${SANITIZE_TOOLS:-memcheck}; do
     echo "--- compute-sanitizer --tool $tool ---"
-    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$PY" "$script" || rc=1
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$PY" "$script" "$PINGPONG_SPEC" || rc=1
   done
   return $rc
 }
@@ -137,6 +149,17 @@ EOF
 step_bench() {
   # shellcheck disable=SC2086
   timeout "${BENCH_TIMEOUT:-300}" "$PY" -m fa3gen.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-}
+}
+
+PINGPONG_SPEC='{"head_dim":128,"causal":true,"pingpong":true}'  # sanitized beside the registry kernels
+
+compare_specs() { [[ -n ${COMPARE_SPECS:-} ]] && tr ';' '\n' <<<"$COMPARE_SPECS" | sed '/^ *$/d'; }
+
+step_compare() {
+  local specs=()
+  mapfile -t specs < <(compare_specs)
+  [[ ${#specs[@]} -eq 0 ]] && { echo "COMPARE_SPECS is empty"; return 1; }
+  timeout "${BENCH_TIMEOUT:-300}" "$PY" scripts/kernel_smoke.py --time "${specs[@]}"
 }
 
 step_ablation() {
@@ -160,6 +183,7 @@ for st in "${steps[@]}"; do
     bench) run_step bench bench.md step_bench ;;
     cold) run_step cold build.log step_cold ;;
     ablation) run_step ablation bench.md step_ablation ;;
+    compare) run_step compare bench.md step_compare ;;
     *) echo "unknown step: $st (doctor build sass tests sanitize bench ablation cold all)" | tee -a "$OUT/env.log"; failed=1 ;;
   esac
 done

@@ -1,7 +1,8 @@
 """Calls compiled kernel libraries directly through the C ABI and checks them against float64.
 
 A debugging tool for kernel authors: no cache, no custom op, just `.so` files and torch.
-Usage: python scripts/kernel_smoke.py [--time] LIB.so [LIB.so ...]
+Usage: python scripts/kernel_smoke.py [--time] LIB.so|SPEC_JSON [...]
+(a spec given as JSON is compiled through the cache first).
 With --time, also times each library on the FA3 benchmark setup (16k tokens, hidden 2048) beside
 torch SDPA's cuDNN backend, in this process with CUDA events: a quick ablation between variants.
 """
@@ -19,17 +20,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fa3gen import abi  # noqa: E402
 from fa3gen.bench import attn_fwd_flops, time_cuda_ms  # noqa: E402
-from fa3gen.ops import _make_params  # noqa: E402
+from fa3gen.ops import _make_params, _workspace  # noqa: E402
 from fa3gen.reference import attention_reference  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def params_for(lib, q, k, v, out, lse, scale):
+    """FwdParams plus the scratch tensor the library asks for (keep it alive while the params are used)."""
+    p = _make_params(q, k, v, out, lse, scale)
+    workspace = _workspace(lib.fa3gen_fwd_workspace_bytes(), q.device)
+    p.workspace = workspace.data_ptr() if workspace is not None else None
+    return p, workspace
 
 
 def run(lib, q, k, v, scale):
     b, sq, hq, _ = q.shape
     out = torch.full((b, sq, hq, v.shape[3]), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
-    p = _make_params(q, k, v, out, lse, scale)
+    p, _workspace_alive = params_for(lib, q, k, v, out, lse, scale)
     err = lib.fa3gen_fwd(ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
     torch.cuda.synchronize()
     assert err == 0, f"fa3gen_fwd returned CUDA error {err}"
@@ -45,7 +54,7 @@ def time_lib(lib, spec, seqlens=(512, 2048, 8192, 16384)) -> None:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(3))
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        p = _make_params(q, k, v, out, lse, 1 / math.sqrt(d))
+        p, _workspace_alive = params_for(lib, q, k, v, out, lse, 1 / math.sqrt(d))
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         ms = time_cuda_ms(lambda: lib.fa3gen_fwd(ctypes.byref(p), stream), 5, 30, 2.0)
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -62,6 +71,10 @@ def main(paths: list[str]) -> int:
     torch.manual_seed(0)
     failures = 0
     for path in paths:
+        if path.lstrip().startswith("{"):
+            import fa3gen
+
+            path = str(fa3gen.compile(path).library_path)
         lib = abi.bind(ctypes.CDLL(path))
         spec = json.loads(lib.fa3gen_spec_json().decode())
         dt, d, dv, causal = DTYPES[spec["dtype"]], spec["head_dim"], spec["head_dim_v"], spec["causal"]

@@ -14,6 +14,7 @@ MINI_TEMPLATE = textwrap.dedent(
     #include "fa3gen/abi.h"
     extern "C" int fa3gen_abi_version(void) { return {{ abi_version }}; }
     extern "C" const char* fa3gen_spec_json(void) { return R"FA3GEN({{ spec.canonical_json() }})FA3GEN"; }
+    extern "C" int fa3gen_fwd_workspace_bytes(void) { return 0; }
     __global__ void fa3gen_test_kernel(float* x) { x[threadIdx.x] *= 2.f; }
     extern "C" int fa3gen_fwd(const Fa3genFwdParams* p, void* stream) { return 0; }
     """

@@ -260,6 +260,8 @@ class _Recorder:
         rec = self
 
         class K:
+            workspace_bytes = 16  # like an lpt kernel: _launch must hand it scratch
+
             def fwd(self, params, stream):
                 rec.params.append((params, stream))
 
@@ -295,6 +297,7 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     assert (p.o_batch_stride, p.o_row_stride, p.o_head_stride) == (9 * 4 * 64, 4 * 64, 64)
     assert (p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv) == (2, 9, 9, 4, 2)
     assert p.softmax_scale == pytest.approx(0.3)
+    assert p.workspace  # a pointer to the scratch the kernel asked for
 
 
 def _fake_cuda_device(monkeypatch):

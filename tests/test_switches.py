@@ -31,6 +31,8 @@ def test_switch_combination_renders_its_schedule(head_dim, causal, pingpong, ove
     # Each switch shows up as the code it selects, and only then.
     assert ("NamedBarrier::sync(kMmaThreads, kTurnBarrier + warpgroup)" in src) == pingpong
     assert ("warpgroup_wait<1>();" in src) == overlap
-    assert ("tile + int(gridDim.x)" in src) == (scheduler != "grid")
-    assert ("num_m_blocks - 1 - tile % num_m_blocks" in src) == (scheduler == "lpt")
+    assert ("return tile + int(gridDim.x);" in src) == (scheduler == "static")
+    assert ("atomicAdd(p.tile_counter, 1)" in src) == (scheduler == "lpt")
+    assert ("handoff.receive()" in src) == (scheduler == "lpt")
+    assert ("constexpr int kWorkspaceBytes = 16;" in src) == (scheduler == "lpt")
     assert ("crosses_diagonal" in src) == causal

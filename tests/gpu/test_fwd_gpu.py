@@ -216,6 +216,16 @@ def test_fwd_large_many_tiles(dt, causal):
     check_against_reference(q, k, v, 1 / math.sqrt(128), causal, dt)
 
 
+@pytest.mark.parametrize("dt", ["bf16", "fp16"])
+def test_fwd_causal_lpt_several_l2_groups(dt):
+    """75 (batch, head) pairs, 5 query heads per 2 MB K/V head: the causal lpt scheduler splits
+    them into L2 groups (about 60 query heads on an H100/H200) with a short last group; ragged
+    query blocks, sq < sk."""
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    q, k, v = make_inputs(3, 3001, 4096, 25, 5, 128, 128, DTYPES[dt], "contiguous", gen)
+    check_against_reference(q, k, v, 1 / math.sqrt(128), True, dt)
+
+
 def test_fwd_head_dim_v_differs():
     import fa3gen
 

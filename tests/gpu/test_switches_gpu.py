@@ -1,7 +1,8 @@
 """A sample of schedule-switch combinations on the GPU, against the float64 reference.
 
 The registry kernels (tests in test_fwd_gpu.py) use the default switches; these run the others
-(pingpong, no overlap, one CTA per tile, the persistent lpt order) on ragged, GQA, sq != sk shapes
+(pingpong, no overlap, one CTA per tile, the static persistent order for causal) on ragged, GQA,
+sq != sk shapes
 into NaN-poisoned outputs.
 """
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import fa3gen
-from fa3gen.ops import _make_params
+from fa3gen.ops import _launch
 from fa3gen.reference import attention_reference
 
 pytestmark = [
@@ -28,7 +29,9 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, intra_wg_overlap=False),
     fa3gen.KernelSpec(head_dim=128, intra_wg_overlap=False, pingpong=True),
     fa3gen.KernelSpec(head_dim=128, scheduler="grid"),
-    fa3gen.KernelSpec(head_dim=128, causal=True, scheduler="lpt"),
+    fa3gen.KernelSpec(head_dim=128, causal=True, scheduler="grid"),
+    fa3gen.KernelSpec(head_dim=128, causal=True, scheduler="static"),
+    fa3gen.KernelSpec(head_dim=128, scheduler="lpt"),
     fa3gen.KernelSpec(head_dim=128, causal=True, pingpong=True, dtype="fp16"),
 ]
 SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (3, 1, 2049, 2, 1), (4, 512, 512, 16, 16)]
@@ -51,7 +54,7 @@ def test_switch_combination_matches_reference(spec):
         scale = 1 / math.sqrt(128)
         out = torch.full((b, sq, hq, 128), float("nan"), device="cuda", dtype=dtype)
         lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-        kernel.fwd(_make_params(q, k, v, out, lse, scale), torch.cuda.current_stream().cuda_stream)
+        _launch(q, k, v, out, lse, scale, spec.causal, kernel)
         torch.cuda.synchronize()
         ref, ref_lse = attention_reference(q, k, v, scale, spec.causal)
         assert not out.isnan().any() and not lse.isnan().any(), "unwritten outputs"

@@ -3,7 +3,7 @@
 #pragma once
 #include <stdint.h>
 
-#define FA3GEN_ABI_VERSION 1
+#define FA3GEN_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,11 +23,15 @@ typedef struct Fa3genFwdParams {
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int32_t batch, seqlen_q, seqlen_k, nheads_q, nheads_kv;
   float softmax_scale;
+  // Device scratch of at least fa3gen_fwd_workspace_bytes() bytes (NULL when that is 0), 16-byte
+  // aligned, used by this launch only. The library initializes it on `stream` itself.
+  void* workspace;
 } Fa3genFwdParams;
 
-// Every kernel library exports these three symbols.
+// Every kernel library exports these four symbols.
 int fa3gen_abi_version(void);           // FA3GEN_ABI_VERSION it was built with
 const char* fa3gen_spec_json(void);     // canonical JSON of the KernelSpec it was rendered from
+int fa3gen_fwd_workspace_bytes(void);   // scratch fa3gen_fwd needs in params->workspace (0: none)
 // Launches the forward kernel on `stream` (a cudaStream_t). Returns a cudaError_t (0 = success).
 int fa3gen_fwd(const Fa3genFwdParams* params, void* stream);
 
