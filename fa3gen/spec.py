@@ -44,7 +44,17 @@ _DEFAULT_TILES: dict[tuple[int, bool], tuple[int, int]] = {
 
 
 def _bytes_per_element(dtype: str) -> int:
-    return {"fp16": 2, "bf16": 2}[dtype]
+    return {"fp16": 2, "bf16": 2}.get(dtype, 2)  # an unknown dtype is reported by its own field
+
+
+def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
+                epilogue: str) -> int:
+    """Shared memory of one CTA: Q, the K/V stages, the O staging tile (TMA epilogue), barriers."""
+    e = _bytes_per_element(dtype)
+    q = block_m * head_dim * e
+    kv = stages * block_n * (head_dim + head_dim_v) * e
+    o = block_m * head_dim_v * e if epilogue == "tma" else 0
+    return q + kv + o + BARRIER_SMEM_BYTES
 
 
 class KernelSpec(BaseModel):
@@ -73,6 +83,10 @@ class KernelSpec(BaseModel):
     # walking tiles in a fixed stride; "lpt" persistent, claiming tiles dynamically from a global
     # counter, longest first. None: "static" when not causal (tiles are equal), "lpt" when causal.
     scheduler: Literal["grid", "static", "lpt"] | None = None
+    # How O leaves the kernel: "tma" stages the tile in shared memory and writes it with one TMA
+    # store that runs on while the next tile computes; "direct" stores from registers and needs no
+    # shared memory. None: "tma" where its buffer fits beside Q, K and V, else "direct".
+    epilogue: Literal["tma", "direct"] | None = None
 
     @field_validator("head_dim_v")
     @classmethod
@@ -121,6 +135,10 @@ class KernelSpec(BaseModel):
             data["scheduler"] = "lpt" if causal else "static"
         if data.get("num_consumer_warpgroups") is None and isinstance(data.get("block_m"), int):
             data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
+        sizes = [data.get(f) for f in ("block_m", "block_n", "head_dim_v", "stages")]
+        if data.get("epilogue") is None and d in SUPPORTED_HEAD_DIMS and all(isinstance(x, int) for x in sizes):
+            tma_bytes = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], "tma")
+            data["epilogue"] = "tma" if tma_bytes <= SMEM_BUDGET_BYTES else "direct"
         return data
 
     @model_validator(mode="after")
@@ -145,8 +163,9 @@ class KernelSpec(BaseModel):
         if smem > SMEM_BUDGET_BYTES:
             raise ValueError(
                 f"shared memory {smem} B exceeds the {SMEM_BUDGET_BYTES} B budget per block "
-                f"(Q {bm}x{d}, K {self.stages}x{bn}x{d}, V {self.stages}x{bn}x{dv}): "
-                "lower block_n, block_m or stages"
+                f"(Q {bm}x{d}, K {self.stages}x{bn}x{d}, V {self.stages}x{bn}x{dv}"
+                + (f", O {bm}x{dv} for the TMA-store epilogue" if self.epilogue == "tma" else "")
+                + "): lower block_n, block_m or stages" + (", or use epilogue='direct'" if self.epilogue == "tma" else "")
             )
         need, limit = self.consumer_registers_estimate, REGISTER_SPLIT[nwg][1]
         if need > limit:
@@ -161,11 +180,9 @@ class KernelSpec(BaseModel):
 
     @property
     def smem_bytes(self) -> int:
-        assert self.block_m and self.block_n and self.head_dim_v and self.stages
-        e = _bytes_per_element(self.dtype)
-        q = self.block_m * self.head_dim * e
-        kv = self.stages * self.block_n * (self.head_dim + self.head_dim_v) * e
-        return q + kv + BARRIER_SMEM_BYTES
+        assert self.block_m and self.block_n and self.head_dim_v and self.stages and self.epilogue
+        return _smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v,
+                           self.stages, self.epilogue)
 
     @property
     def consumer_registers_estimate(self) -> int:
@@ -190,6 +207,7 @@ class KernelSpec(BaseModel):
         mask = "_causal" if self.causal else ""
         sched = ("_pp" if self.pingpong else "") + ("_ov" if self.intra_wg_overlap else "")
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
+        sched += "_otma" if self.epilogue == "tma" else ""
         return (
             f"{self.kind}_{dims}_{self.dtype}{mask}_m{self.block_m}n{self.block_n}s{self.stages}{sched}"
         )

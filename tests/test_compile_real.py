@@ -21,8 +21,9 @@ from fa3gen.build import BuildResult, build_many
 from fa3gen.registry import REPRESENTATIVE
 from fa3gen.spec import SMEM_BUDGET_BYTES, KernelSpec
 
-# The representative spec, the one with the most register pressure, and two samples of the
-# schedule switches that the registry does not use (pingpong with overlap; serial, one CTA per tile).
+# The representative spec (TMA-store epilogue), the one with the most register pressure (direct
+# epilogue, lpt scheduler), and two samples of the schedule switches that the registry does not use
+# (pingpong with overlap; serial, one CTA per tile).
 SPECS = {
     REPRESENTATIVE: REGISTRY[REPRESENTATIVE],
     "fwd_d256_bf16_causal": REGISTRY["fwd_d256_bf16_causal"],
@@ -87,5 +88,8 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
                           text=True, check=True, env=env).stdout
     assert "HGMMA" in sass, "no warpgroup MMA (HGMMA) in the kernel"
     assert "UTMALDG" in sass, "no TMA loads (UTMALDG) in the kernel"
+    # The TMA-store epilogue stages O with stmatrix and writes it with a TMA store; direct does neither.
+    tma_epilogue = SPECS[name].epilogue == "tma"
+    assert ("UTMASTG" in sass) == tma_epilogue and ("STSM" in sass) == tma_epilogue, SPECS[name].epilogue
     local = re.findall(r"\b(LDL|STL)\b", sass)
     assert not local, f"local-memory traffic: {len(local)} LDL/STL instructions"

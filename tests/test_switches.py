@@ -36,3 +36,18 @@ def test_switch_combination_renders_its_schedule(head_dim, causal, pingpong, ove
     assert ("handoff.receive()" in src) == (scheduler == "lpt")
     assert ("constexpr int kWorkspaceBytes = 16;" in src) == (scheduler == "lpt")
     assert ("crosses_diagonal" in src) == causal
+    assert ("tma_store_arrive();" in src) == (spec.epilogue == "tma")
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_epilogue_switch_renders_its_store(head_dim):
+    """O goes through a TMA store where its staging tile fits in shared memory, else from registers."""
+    direct = render(KernelSpec(head_dim=head_dim, epilogue="direct"))
+    assert "tma_store_arrive();" not in direct and "SmemLayoutO" not in direct
+    spec = KernelSpec(head_dim=head_dim)
+    assert spec.epilogue == ("tma" if head_dim <= 128 else "direct")  # d192/d256: Q, K, V fill the SM
+    if spec.epilogue == "direct":
+        with pytest.raises(ValidationError, match="use epilogue='direct'"):
+            KernelSpec(head_dim=head_dim, epilogue="tma")
+    else:
+        assert "tma_store_arrive();" in render(spec)
