@@ -22,11 +22,13 @@ def variants(dtype: str = "bf16") -> dict[str, KernelSpec | None]:
         return KernelSpec(head_dim=SHAPE["head_dim"], dtype=dtype, **switches)
 
     return {
-        "default (overlap, persistent static)": spec(),
+        "default (overlap, persistent static, TMA-store epilogue)": spec(),
         "+ pingpong": spec(pingpong=True),
         "no intra-warpgroup overlap": spec(intra_wg_overlap=False),
         "no overlap, + pingpong": spec(intra_wg_overlap=False, pingpong=True),
         "one CTA per tile (no persistence)": spec(scheduler="grid"),
+        "dynamic lpt scheduler instead of static": spec(scheduler="lpt"),
+        "O stored from registers (no TMA-store epilogue)": spec(epilogue="direct"),
         # Every fa3gen kernel has a TMA producer warpgroup: there is no spec without it.
         "no warp specialization": None,
     }
@@ -40,7 +42,7 @@ def run(args: Any, time_ms) -> int:
 
     from . import build_many, compile
     from .bench import attn_fwd_flops
-    from .ops import _make_params
+    from .ops import _launch_params
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     b, s, h, d = SHAPE["batch"], SHAPE["seqlen"], SHAPE["nheads"], SHAPE["head_dim"]
@@ -62,7 +64,7 @@ def run(args: Any, time_ms) -> int:
         kernel = compile(spec)
         out = torch.full((b, s, h, d), float("nan"), device="cuda", dtype=dtype)
         lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
-        params = _make_params(q, k, v, out, lse, scale)
+        params, _workspace_alive = _launch_params(kernel.workspace_bytes, q, k, v, out, lse, scale)
         kernel.fwd(params, stream)
         torch.cuda.synchronize()
         if reference is None:

@@ -313,8 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         best_peer = max((tf[p] for p in PEERS if tf.get(p) is not None), default=None)
         ratio = tf["fa3gen"] / best_peer if tf.get("fa3gen") is not None and best_peer else None
         entry["fa3gen_over_best_peer"] = ratio
+        ceiling = result.get("matmul_bf16_8192_tflops")
+        of_matmul = tf["fa3gen"] / ceiling if tf.get("fa3gen") is not None and ceiling else None
+        entry["fa3gen_over_matmul"] = of_matmul
         rows.append(f"| {name} | {_fmt(tf.get('fa3gen'))} | {_fmt(tf.get('cudnn'))} | "
-                    f"{_fmt(tf.get('flash'))} | {'n/a' if ratio is None else f'{ratio:.2f}x'} |")
+                    f"{_fmt(tf.get('flash'))} | {'n/a' if ratio is None else f'{ratio:.2f}x'} | "
+                    f"{'n/a' if of_matmul is None else f'{of_matmul:.2f}'} |")
         print(rows[-1] + "   " + "  ".join(f"{k}: {r['error']}" for k, r in res.items() if "error" in r),
               flush=True)
         result["cases"].append(entry)
@@ -324,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     header = [
         f"fwd, {args.dtype}, TFLOP/s ({gpu}, torch {torch.__version__}); median of {args.reps} reps",
         "",
-        "| case | fa3gen | cuDNN | FA2 | fa3gen/best-peer |",
-        "|---|---|---|---|---|",
+        "| case | fa3gen | cuDNN | FA2 | fa3gen/best-peer | fa3gen/matmul |",
+        "|---|---|---|---|---|---|",
     ]
     footer = []
     if "matmul_bf16_8192_tflops" in result:

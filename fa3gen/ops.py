@@ -239,9 +239,14 @@ def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
     return p
 
 
-def _workspace(nbytes: int, device: torch.device) -> torch.Tensor | None:
-    """Device scratch a kernel launch asks for (16-byte aligned, as the allocator gives it)."""
-    return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
+def _launch_params(workspace_bytes: int, q, k, v, out, lse, softmax_scale: float) -> tuple[FwdParams, torch.Tensor | None]:
+    """FwdParams plus the scratch tensor the kernel asked for (e.g. the lpt scheduler's tile
+    counter), which the caller keeps alive until the launch is queued: the caching allocator then
+    keeps it from being reused on this stream before the kernel is done with it."""
+    params = _make_params(q, k, v, out, lse, softmax_scale)
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device) if workspace_bytes > 0 else None
+    params.workspace = workspace.data_ptr() if workspace is not None else None
+    return params, workspace
 
 
 def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None) -> None:
@@ -252,11 +257,7 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
     """
     if kernel is None:  # the registry kernel for these inputs
         kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal))
-    params = _make_params(q, k, v, out, lse, softmax_scale)
-    # Scratch for this launch only (the lpt scheduler's tile counter); the caching allocator keeps
-    # it from being reused on this stream before the kernel is done with it.
-    workspace = _workspace(kernel.workspace_bytes, q.device)
-    params.workspace = workspace.data_ptr() if workspace is not None else None
+    params, _workspace_alive = _launch_params(kernel.workspace_bytes, q, k, v, out, lse, softmax_scale)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         kernel.fwd(params, stream)

@@ -6,18 +6,20 @@
 #   checks.log     SASS check of every built kernel (HGMMA, UTMALDG, no LDL/STL), compute-sanitizer
 #   gpu_tests.log  pytest -m gpu tests/gpu
 #   bench.md       `fa3gen bench` output: spot checks and the TFLOP/s table
-#   bench.json     the bench results as JSON
+#   bench-*.json   the bench results as JSON, one file per dtype
 #
 # Usage: scripts/device_run.sh [STEP ...]      (default: doctor build sass tests bench)
 #   steps: doctor build sass tests sanitize bench ablation cold all
 #     sanitize  compute-sanitizer ($SANITIZE_TOOLS, default memcheck) on a tiny python run
 #     ablation  `fa3gen bench --ablation` (FA3 paper's ablation through spec switches)
+#     profile   ncu (Speed of Light, compute and memory workload, warp states) of fa3gen and cuDNN on
+#               the cases of $PROFILE_CASES (default "128 512;128 512 causal"): profile.log
 #     compare   scripts/kernel_smoke.py --time on each spec of $COMPARE_SPECS (JSON specs, ';'-separated):
 #               fp64 checks, then TFLOP/s beside cuDNN in one process (quick A/B of spec variants)
 #     cold      time one spec's cold compile into an empty cache and its warm load (~1-2 min)
 #     all       doctor build sass tests sanitize bench cold
 # Env: OUT (default ./device-out), JOBS (16), FA3GEN_CACHE_DIR (default ./.devcache, carried),
-#      BENCH_ARGS (extra `fa3gen bench` args, e.g. "--hdim 128 --seqlens 2k,16k"),
+#      BENCH_ARGS (extra `fa3gen bench` args, e.g. "--hdim 128 --seqlens 2k,16k"), BENCH_DTYPES ("bf16 fp16"),
 #      PYTEST_ARGS (extra pytest args, e.g. "-k graph"), TESTS_TIMEOUT (s, 420), BENCH_TIMEOUT (s, 300),
 #      COMPARE_SPECS (for compare; built with the build step when it runs first)
 # The device allows 600 s per command: `all` may not fit; run subsets across calls.
@@ -147,8 +149,13 @@ EOF
 }
 
 step_bench() {
-  # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-300}" "$PY" -m fa3gen.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-}
+  # One run per dtype of $BENCH_DTYPES (default bf16), each into bench-<dtype>.json.
+  local rc=0 dtype
+  for dtype in ${BENCH_DTYPES:-bf16}; do
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-300}" "$PY" -m fa3gen.cli bench --dtype "$dtype" --json "$OUT/bench-$dtype.json" ${BENCH_ARGS:-} || rc=1
+  done
+  return $rc
 }
 
 PINGPONG_SPEC='{"head_dim":128,"causal":true,"pingpong":true}'  # sanitized beside the registry kernels
@@ -160,6 +167,18 @@ step_compare() {
   mapfile -t specs < <(compare_specs)
   [[ ${#specs[@]} -eq 0 ]] && { echo "COMPARE_SPECS is empty"; return 1; }
   timeout "${BENCH_TIMEOUT:-300}" "$PY" scripts/kernel_smoke.py --time "${specs[@]}"
+}
+
+step_profile() {
+  local rc=0 hdim seqlen causal
+  while read -r hdim seqlen causal; do
+    [[ -z $hdim ]] && continue
+    echo "--- ncu: d$hdim s$seqlen ${causal:-} ---"
+    timeout 240 ncu --clock-control none --kernel-name regex:'fwd_kernel|sdpa|fprop|flash' --launch-skip 2 --launch-count 4 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+      "$PY" scripts/profile_case.py --hdim "$hdim" --seqlen "$seqlen" ${causal:+--causal} || rc=1
+  done < <(tr ';' '\n' <<<"${PROFILE_CASES:-128 512;128 512 causal}")
+  return $rc
 }
 
 step_ablation() {
@@ -184,6 +203,7 @@ for st in "${steps[@]}"; do
     cold) run_step cold build.log step_cold ;;
     ablation) run_step ablation bench.md step_ablation ;;
     compare) run_step compare bench.md step_compare ;;
+    profile) run_step profile profile.log step_profile ;;
     *) echo "unknown step: $st (doctor build sass tests sanitize bench ablation cold all)" | tee -a "$OUT/env.log"; failed=1 ;;
   esac
 done

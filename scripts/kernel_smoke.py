@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fa3gen import abi  # noqa: E402
 from fa3gen.bench import attn_fwd_flops, time_cuda_ms  # noqa: E402
-from fa3gen.ops import _make_params, _workspace  # noqa: E402
+from fa3gen.ops import _launch_params  # noqa: E402
 from fa3gen.reference import attention_reference  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -28,10 +28,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def params_for(lib, q, k, v, out, lse, scale):
     """FwdParams plus the scratch tensor the library asks for (keep it alive while the params are used)."""
-    p = _make_params(q, k, v, out, lse, scale)
-    workspace = _workspace(lib.fa3gen_fwd_workspace_bytes(), q.device)
-    p.workspace = workspace.data_ptr() if workspace is not None else None
-    return p, workspace
+    return _launch_params(lib.fa3gen_fwd_workspace_bytes(), q, k, v, out, lse, scale)
 
 
 def run(lib, q, k, v, scale):

@@ -481,7 +481,7 @@ def test_bench_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_op):
     text = capsys.readouterr().out
     assert rc == 0, text
     assert len(built) == 4  # (64, 128) x (causal, not)
-    assert "| case | fa3gen | cuDNN | FA2 | fa3gen/best-peer |" in text
+    assert "| case | fa3gen | cuDNN | FA2 | fa3gen/best-peer | fa3gen/matmul |" in text
     assert "| d128 s64 b1 h2 causal |" in text and "n/a" in text  # no cuDNN on CPU
     res = json.loads(out_json.read_text())
     assert len(res["cases"]) == 8 and "cold_compile" in res["compile"]

@@ -1,8 +1,8 @@
 """A sample of schedule-switch combinations on the GPU, against the float64 reference.
 
 The registry kernels (tests in test_fwd_gpu.py) use the default switches; these run the others
-(pingpong, no overlap, one CTA per tile, the static persistent order for causal) on ragged, GQA,
-sq != sk shapes
+(pingpong, no overlap, one CTA per tile, the static persistent order for causal, lpt when not
+causal, O stored from registers at hdim 128) on ragged, GQA, sq != sk shapes
 into NaN-poisoned outputs.
 """
 
@@ -32,6 +32,8 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, causal=True, scheduler="grid"),
     fa3gen.KernelSpec(head_dim=128, causal=True, scheduler="static"),
     fa3gen.KernelSpec(head_dim=128, scheduler="lpt"),
+    fa3gen.KernelSpec(head_dim=128, epilogue="direct"),
+    fa3gen.KernelSpec(head_dim=128, causal=True, epilogue="direct"),
     fa3gen.KernelSpec(head_dim=128, causal=True, pingpong=True, dtype="fp16"),
 ]
 SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (3, 1, 2049, 2, 1), (4, 512, 512, 16, 16)]
