@@ -223,7 +223,7 @@ __device__ __forceinline__ void mask_scores(KernelParams const& p, TensorS& s, T
   }
 }
 
-// Key block 0 is visited last, so its Q·Kᵀ is the tile's last read of Q: once it has completed,
+// Serial mainloop: key block 0 is visited last, so its Q·Kᵀ is the tile's last read of Q: once it has completed,
 // the producer may load the next tile's Q while this tile's softmax, last P·V and epilogue run.
 __device__ __forceinline__ void release_q_after_last_qk(SharedStorage& smem, int n_block) {
   if (n_block == 0) { cutlass::arch::ClusterBarrier::arrive(&smem.q_empty); }
@@ -276,7 +276,6 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read);
-    release_q_after_last_qk(smem, n_block);
     Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
     if (key_block_needs_mask(p, t.m_block, n_block)) { mask_scores(p, s_rows, s_coord, t.m_block, n_block); }
     softmax.update(s_rows, rescale);  // O is still zero: no rescale needed
@@ -292,7 +291,6 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_pv, p_operand, tOrV(_, _, _, read_v.index()), tOrO);
     warpgroup_wait<1>();  // S(n) is ready; P·V may still run
     pipeline_k.consumer_release(read);
-    release_q_after_last_qk(smem, n_block);
 
     Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
     if (key_block_needs_mask(p, t.m_block, n_block)) { mask_scores(p, s_rows, s_coord, t.m_block, n_block); }
@@ -304,8 +302,11 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     read_v = read;
     ++read;
   }
-  if (n_blocks > 0) {  // the P·V of the last key block visited
-    pipeline_v.consumer_wait(read_v);
+  if (n_blocks > 0) {
+    // Every Q·Kᵀ of the tile has completed: the producer may load the next tile's Q while the last
+    // P·V and the epilogue run. (Here, not in the loop: at hdim 256 the loop has no register to spare.)
+    cutlass::arch::ClusterBarrier::arrive(&smem.q_empty);
+    pipeline_v.consumer_wait(read_v);  // the P·V of the last key block visited
     fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_pv, p_operand, tOrV(_, _, _, read_v.index()), tOrO);
     warpgroup_wait<0>();
     pipeline_v.consumer_release(read_v);
