@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 2
+ABI_VERSION = 3
+MAX_SCALAR_ARGS = 8
+MAX_TENSOR_ARGS = 8
+MAX_TENSOR_DIMS = 4
 
 _STRIDE_FIELDS = [
     f"{t}_{s}_stride" for t in ("q", "k", "v", "o") for s in ("batch", "row", "head")
@@ -20,6 +23,11 @@ class FwdParams(ctypes.Structure):
         + [(name, ctypes.c_int64) for name in _STRIDE_FIELDS]
         + [(name, ctypes.c_int32) for name in ("batch", "seqlen_q", "seqlen_k", "nheads_q", "nheads_kv")]
         + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p)]
+        + [("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
+           ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64),
+           ("float_args", ctypes.c_float * MAX_SCALAR_ARGS), ("int_args", ctypes.c_int32 * MAX_SCALAR_ARGS),
+           ("tensor_args", ctypes.c_void_p * MAX_TENSOR_ARGS),
+           ("tensor_strides", (ctypes.c_int64 * MAX_TENSOR_DIMS) * MAX_TENSOR_ARGS)]
     )
 
 

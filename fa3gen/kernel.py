@@ -47,11 +47,12 @@ class CompiledKernel:
         if err != 0:
             raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
 
-    def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False):
-        """Attention with this kernel on torch tensors: ``fa3gen.ops.run_kernel`` (causal from the spec)."""
+    def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False, **variant):
+        """Attention with this kernel on torch tensors: ``fa3gen.ops.run_kernel`` (causal from the
+        spec; window_size, softcap, alibi_slopes and the spec's params by keyword)."""
         from .ops import run_kernel
 
-        return run_kernel(self, q, k, v, softmax_scale=softmax_scale, return_lse=return_lse)
+        return run_kernel(self, q, k, v, softmax_scale=softmax_scale, return_lse=return_lse, **variant)
 
     def __repr__(self) -> str:
         return f"CompiledKernel({self._spec.name}, {self.library_path})"

@@ -33,6 +33,9 @@ from typing import Any
 import torch
 
 from fa3gen.abi import FwdParams
+from fa3gen.variant_args import VariantArgs
+
+NO_VARIANT = VariantArgs()
 
 __all__ = ["flash_attn_func", "fwd", "run_kernel", "UnsupportedGPUError", "SUPPORTED_HEAD_DIMS"]
 
@@ -171,8 +174,9 @@ def _check_gpu(device: torch.device) -> None:
 # kernels
 # ---------------------------------------------------------------------------------------------
 
-_KERNELS: dict[tuple[int, int, str, bool], Any] = {}
-_KEY_LOCKS: dict[tuple[int, int, str, bool], threading.Lock] = {}
+KernelKey = tuple[int, int, str, bool, bool, bool, bool]  # d, dv, dtype, causal, window, softcap, alibi
+_KERNELS: dict[KernelKey, Any] = {}
+_KEY_LOCKS: dict[KernelKey, threading.Lock] = {}
 _KERNELS_LOCK = threading.Lock()
 
 
@@ -183,13 +187,13 @@ def _compile_fn():
     return fa3gen.compile
 
 
-def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool):
-    """The compiled kernel of the registry's default spec for these inputs (memoized).
-
-    Thread-safe; different keys compile concurrently (one lock per key), so a thread pool can
-    prepare many kernels at once.
+def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
+                softcap: bool = False, alibi: bool = False):
+    """The compiled kernel of the registry's default spec for these inputs and built-in variants
+    (memoized). Thread-safe; different keys compile concurrently (one lock per key), so a thread
+    pool can prepare many kernels at once.
     """
-    key = (int(head_dim), int(head_dim_v), dtype, bool(causal))
+    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi))
     kern = _KERNELS.get(key)
     if kern is not None:
         return kern
@@ -249,21 +253,29 @@ def _launch_params(workspace_bytes: int, q, k, v, out, lse, softmax_scale: float
     return params, workspace
 
 
-def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None) -> None:
+def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None,
+            variant: VariantArgs = NO_VARIANT) -> None:
     """Run the forward kernel writing into out (b, sq, hq, dv) and lse (b, hq, sq) fp32.
 
     Internal: callers have validated q, k, v; out must satisfy the same stride rules and lse
     must be contiguous. Used by the op and by the GPU tests (to write into NaN-poisoned buffers).
     """
     if kernel is None:  # the registry kernel for these inputs
-        kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal))
+        kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), variant.window,
+                             variant.softcap > 0, variant.alibi_slopes is not None)
     params, _workspace_alive = _launch_params(kernel.workspace_bytes, q, k, v, out, lse, softmax_scale)
+    spec = getattr(kernel, "spec", None)
+    if spec is not None:
+        variant.check(spec)
+        variant.check_tensors(spec, q)
+        variant.fill(params, spec, causal)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         kernel.fwd(params, stream)
 
 
-def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = None,
+                  variant: VariantArgs = NO_VARIANT) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate, allocate, launch (the registry kernel, or `kernel`). Separate from the op so CPU
     tests can route it."""
     _check_meta(q, k, v)
@@ -282,15 +294,19 @@ def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = Non
     _check_gpu(q.device)
     out = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    _launch(q, k, v, out, lse, softmax_scale, causal, kernel)
+    _launch(q, k, v, out, lse, softmax_scale, causal, kernel, variant)
     return out, lse
 
 
 def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               softmax_scale: float | None = None, return_lse: bool = False):
+               softmax_scale: float | None = None, return_lse: bool = False, *,
+               window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+               alibi_slopes: torch.Tensor | None = None, **params: Any):
     """Runs one compiled kernel (``fa3gen.compile(spec)``) on q, k, v: the path for a custom spec.
 
     Same layout, validation and conventions as ``flash_attn_func``; causal comes from the spec.
+    The spec's built-in variants take their values here (``window_size``, ``softcap``,
+    ``alibi_slopes``), and its declared params by name (``kernel(q, k, v, bias=t, alpha=0.5)``).
     Not a registered custom op (``torch.compile`` sees a graph break); use ``flash_attn_func``
     for the registry kernels inside compiled graphs.
     """
@@ -302,8 +318,10 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             f"fa3gen: kernel {spec.name} takes {spec.dtype} with head_dim {spec.head_dim} and head_dim_v "
             f"{spec.head_dim_v}; got {want} with head_dim {q.shape[-1]} and head_dim_v {v.shape[-1]}"
         )
+    variant = VariantArgs(tuple(window_size), softcap, alibi_slopes, dict(params))
+    variant.check(spec)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    out, lse = _forward_impl(q, k, v, scale, spec.causal, kernel)
+    out, lse = _forward_impl(q, k, v, scale, spec.causal, kernel, variant)
     return (out, lse) if return_lse else out
 
 
@@ -313,14 +331,17 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 @torch.library.custom_op("fa3gen::fwd", mutates_args=())
 def fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward: returns (out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) fp32)."""
-    return _forward_impl(q, k, v, softmax_scale, causal)
+    variant = VariantArgs((window_left, window_right), softcap, alibi_slopes)
+    return _forward_impl(q, k, v, softmax_scale, causal, None, variant)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
     _check_meta(q, k, v)
     b, sq, hq, _ = q.shape
     dv = v.shape[-1]
@@ -336,6 +357,9 @@ def flash_attn_func(
     softmax_scale: float | None = None,
     causal: bool = False,
     return_lse: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ):
     """FlashAttention-3-style forward attention on Hopper.
 
@@ -346,16 +370,25 @@ def flash_attn_func(
         softmax_scale: defaults to 1 / sqrt(head_dim).
         causal: bottom-right aligned causal mask (query i sees key j iff j <= i + seqlen_k - seqlen_q).
         return_lse: also return the log-sum-exp (natural log) of each query row.
+        window_size: (left, right) local attention: query i sees keys j with
+            i + sk - sq - left <= j <= i + sk - sq + right; -1 leaves a side unbounded. With
+            causal the right side is capped at the diagonal. (-1, -1): no window.
+        softcap: > 0 soft-caps the scaled scores: score = softcap * tanh(score / softcap).
+        alibi_slopes: float32 (nheads_q,) or (batch, nheads_q): adds -slope * |i + sk - sq - j|
+            to the scaled score of query i and key j.
 
     Returns:
         out (batch, seqlen_q, nheads_q, head_dim_v) in q's dtype, or (out, lse) with lse
         (batch, nheads_q, seqlen_q) float32. Rows that see no key: out 0, lse -inf.
 
-    Head dims 64, 96, 128, 192, 256. The first call for a (head_dim, head_dim_v, dtype, causal)
-    compiles (or loads from the cache) its kernel. Not differentiable yet.
+    Head dims 64, 96, 128, 192, 256. The first call for a (head_dim, head_dim_v, dtype, causal,
+    variants) compiles (or loads from the cache) its kernel. Not differentiable yet.
     """
     _check_meta(q, k, v)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    out, lse = torch.ops.fa3gen.fwd(q, k, v, float(softmax_scale), bool(causal))
+    VariantArgs(tuple(window_size), softcap, alibi_slopes).check()
+    left, right = (int(w) for w in window_size)
+    out, lse = torch.ops.fa3gen.fwd(q, k, v, float(softmax_scale), bool(causal), left, right, float(softcap),
+                                    alibi_slopes)
     return (out, lse) if return_lse else out

@@ -9,6 +9,7 @@ gets out = 0 and lse = -inf.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -31,10 +32,21 @@ def attention_reference(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    score_mod: Callable[..., torch.Tensor] | None = None,
+    mask_mod: Callable[..., torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention in float64 on the tensors' device.
 
     Args: q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), any dtype and strides.
+    Variants, as ``flash_attn_func`` and the spec define them, applied to the scaled score in this
+    order: softcap, alibi_slopes, score_mod, then the masks (causal, window_size, mask_mod).
+    ``score_mod(score, b, h, q_idx, kv_idx)`` and ``mask_mod(b, h, q_idx, kv_idx)`` get
+    broadcastable tensors (float64 scores, int64 indices of shapes (b,1,1,1), (1,h,1,1),
+    (1,1,sq,1), (1,1,1,sk)) and return the new scores / a bool mask.
     Returns: out (b, sq, hq, dv) float64 and lse (b, hq, sq) float64 (natural log).
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -61,10 +73,29 @@ def attention_reference(
     for start in range(0, sq, chunk):
         stop = min(sq, start + chunk)
         s = torch.matmul(qf[:, :, start:stop], kf.transpose(-1, -2)) * softmax_scale
+        bi = torch.arange(b, device=q.device).view(b, 1, 1, 1)
+        hi = torch.arange(hq, device=q.device).view(1, hq, 1, 1)
+        i = torch.arange(start, stop, device=q.device).view(1, 1, -1, 1)
+        j = torch.arange(sk, device=q.device).view(1, 1, 1, sk)
+        diagonal = i + (sk - sq)  # key aligned with query i (bottom-right)
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.to(torch.float64).reshape(-1, hq)  # (1 or b, hq)
+            s = s - slopes.view(-1, hq, 1, 1) * (diagonal - j).abs()
+        if score_mod is not None:
+            s = score_mod(s, bi, hi, i, j).to(torch.float64)
+        visible = torch.ones_like(s, dtype=torch.bool)
+        left, right = window_size
         if causal:
-            i = torch.arange(start, stop, device=q.device).unsqueeze(1)
-            j = torch.arange(sk, device=q.device).unsqueeze(0)
-            s = s.masked_fill(~(j <= i + (sk - sq)), float("-inf"))
+            right = 0 if right < 0 else min(right, 0)
+        if right >= 0:
+            visible &= j <= diagonal + right
+        if left >= 0:
+            visible &= j >= diagonal - left
+        if mask_mod is not None:
+            visible &= mask_mod(bi, hi, i, j)
+        s = s.masked_fill(~visible, float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1)  # -inf for rows that see no key
         visible = torch.isfinite(row_lse)
         p = torch.exp(s - torch.where(visible, row_lse, torch.zeros_like(row_lse)).unsqueeze(-1))

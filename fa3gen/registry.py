@@ -35,8 +35,10 @@ def display_name(spec: KernelSpec) -> str:
     return registry_name(spec) or spec.name
 
 
-def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool) -> KernelSpec:
-    """The spec to use for a problem: the registry's when present, else the per-head-dim defaults."""
+def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
+                 softcap: bool = False, alibi: bool = False) -> KernelSpec:
+    """The spec to use for a problem: the registry's when present, else the per-head-dim defaults
+    (with the built-in variants asked for)."""
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
             f"head_dim={head_dim} is not supported: fa3gen kernels exist for head dims {SUPPORTED_HEAD_DIMS}"
@@ -49,10 +51,11 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool) -> Ke
     canonical = _DTYPE_ALIASES.get(str(dtype).removeprefix("torch."))
     if canonical is None:
         raise ValueError(f"dtype={dtype!r} is not supported: use 'bf16' or 'fp16'")
-    if head_dim_v == head_dim:
+    if head_dim_v == head_dim and not (window or softcap or alibi):
         return REGISTRY[_registry_name(head_dim, canonical, bool(causal))]
     # A pydantic ValidationError (a ValueError) names the limit if this combination does not fit.
-    return KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal))
+    return KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal),
+                      window=bool(window), softcap=bool(softcap), alibi=bool(alibi))
 
 
 def resolve(text: str) -> KernelSpec:

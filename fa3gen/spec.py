@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
+from .variant import MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params
+
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SMEM_BUDGET_BYTES = 227 * 1024  # per thread block on H100/H200
 BARRIER_SMEM_BYTES = 1024  # mbarriers and pipeline state, rounded up
@@ -21,10 +23,13 @@ WGMMA_K = 16  # K of one 16-bit WGMMA: block_n is the K of the P·V GEMM
 REGISTERS_PER_SM = 65536
 THREADS_PER_WARPGROUP = 128
 # setmaxnreg splits: (producer, consumer) registers per thread, by number of consumer warpgroups.
-# The producer needs 32: at 24 it spilled in its barrier-retry path (d256 causal). One consumer
-# warpgroup is not offered: its launch-time register count is not capped low enough for the
-# split to be sure to be an increase for the consumers, and it was never run on the GPU.
-REGISTER_SPLIT = {2: (32, 232), 3: (32, 160)}
+# The producer spilled at 24 (barrier-retry path, d256 causal) and, with the lpt scheduler's
+# tile claims and hand-off, at 32 for head dims 96/192/256 (several TMA boxes per load): it gets
+# 40 with two consumer warpgroups (128*40 + 256*232 = the 64512 the launch allocates). Three
+# consumer warpgroups leave no room above 32 (128*32 + 384*160 = 65536). One consumer warpgroup is
+# not offered: its launch-time register count is not capped low enough for the split to be sure
+# to be an increase for the consumers, and it was never run on the GPU.
+REGISTER_SPLIT = {2: (40, 232), 3: (32, 160)}
 # Registers a consumer thread needs beyond its accumulators (addresses, softmax state, indices).
 CONSUMER_REGISTER_OVERHEAD = 32
 
@@ -87,6 +92,17 @@ class KernelSpec(BaseModel):
     # store that runs on while the next tile computes; "direct" stores from registers and needs no
     # shared memory. None: "tma" where its buffer fits beside Q, K and V, else "direct".
     epilogue: Literal["tma", "direct"] | None = None
+    # Attention variants compiled into the kernel. The built-ins take their sizes per call:
+    # window: local attention, query i sees keys [i + sk - sq - left, i + sk - sq + right];
+    # softcap: score = cap * tanh(score / cap); alibi: score -= slope[b, h] * |i + sk - sq - j|.
+    # score_mod / mask_mod: C++ expressions over params (fa3gen.variant). Scores seen by the mods
+    # are already scaled by softmax_scale; order: softcap, alibi, score_mod, then the masks.
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    score_mod: ScoreMod | None = None
+    mask_mod: MaskMod | None = None
+    params: tuple[Param, ...] = ()
 
     @field_validator("head_dim_v")
     @classmethod
@@ -157,6 +173,15 @@ class KernelSpec(BaseModel):
                 f"block_n={bn} must be a multiple of {WGMMA_K} in [16, 256]: it is the N of the "
                 "Q·Kᵀ WGMMA (≤ 256) and the K of the P·V WGMMA (multiple of 16)"
             )
+        check_params(self.params)
+        if self.score_mod is not None:
+            check_expression(self.score_mod.expr, "score_mod", self.params, allow_score=True)
+            if self.score_mod.grad is not None:
+                check_expression(self.score_mod.grad, "score_mod.grad", self.params, allow_score=True)
+        if self.mask_mod is not None:
+            check_expression(self.mask_mod.expr, "mask_mod", self.params, allow_score=False)
+        if self.params and self.score_mod is None and self.mask_mod is None:
+            raise ValueError("params are declared but neither score_mod nor mask_mod uses them")
         if self.pingpong and nwg != 2:
             raise ValueError(f"pingpong needs num_consumer_warpgroups=2, got {nwg}")
         smem = self.smem_bytes
@@ -191,6 +216,30 @@ class KernelSpec(BaseModel):
         return self.block_n // 2 + self.head_dim_v // 2 + CONSUMER_REGISTER_OVERHEAD
 
     @property
+    def has_score_mod(self) -> bool:
+        """Scores are modified after scaling (softcap, alibi or a custom score_mod)."""
+        return self.softcap or self.alibi or self.score_mod is not None
+
+    @property
+    def param_slots(self) -> tuple[tuple[Param, int], ...]:
+        """Each param with its slot in the ABI: float_args, int_args or tensor_args, in order."""
+        counters: dict[str, int] = {}
+        slots = []
+        for param in self.params:
+            group = param.dtype if isinstance(param, ScalarParam) else "tensor"
+            slots.append((param, counters.get(group, 0)))
+            counters[group] = counters.get(group, 0) + 1
+        return tuple(slots)
+
+    @property
+    def scalar_params(self) -> tuple[ScalarParam, ...]:
+        return tuple(p for p in self.params if isinstance(p, ScalarParam))
+
+    @property
+    def tensor_params(self) -> tuple[TensorParam, ...]:
+        return tuple(p for p in self.params if isinstance(p, TensorParam))
+
+    @property
     def num_threads(self) -> int:
         assert self.num_consumer_warpgroups
         return THREADS_PER_WARPGROUP * (1 + self.num_consumer_warpgroups)
@@ -208,8 +257,11 @@ class KernelSpec(BaseModel):
         sched = ("_pp" if self.pingpong else "") + ("_ov" if self.intra_wg_overlap else "")
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         sched += "_otma" if self.epilogue == "tma" else ""
+        variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
+                                              (self.score_mod is not None, "_smod"),
+                                              (self.mask_mod is not None, "_mmod")) if on)
         return (
-            f"{self.kind}_{dims}_{self.dtype}{mask}_m{self.block_m}n{self.block_n}s{self.stages}{sched}"
+            f"{self.kind}_{dims}_{self.dtype}{mask}{variant}_m{self.block_m}n{self.block_n}s{self.stages}{sched}"
         )
 
     def canonical_json(self) -> str:

@@ -75,16 +75,13 @@ step_doctor() {
 }
 
 step_build() {
-  # The registry, plus (built alongside) the head_dim != head_dim_v specs the GPU tests use, the
-  # sanitizer's pingpong spec and $COMPARE_SPECS.
-  local rc=0 pids=() extras=()
+  # Every spec the session's GPU work runs (scripts/gpu_specs.py: registry, GPU tests, ablation,
+  # the sanitizer's pingpong spec) plus $COMPARE_SPECS, in one parallel build; cached ones load.
+  local rc=0 extras=()
   mapfile -t extras < <(compare_specs)
-  extras+=('{"head_dim":192,"head_dim_v":128}' '{"head_dim":192,"head_dim_v":128,"causal":true}' "$PINGPONG_SPEC")
-  for extra in "${extras[@]}"; do
-    "$PY" -m fa3gen.cli build "$extra" & pids+=($!)
-  done
-  "$PY" -m fa3gen.cli build --all -j "$JOBS" || rc=1
-  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  ( r=0; for extra in "${extras[@]}"; do "$PY" -m fa3gen.cli build "$extra" || r=1; done; exit $r ) &
+  "$PY" scripts/gpu_specs.py --build -j "$JOBS" || rc=1
+  wait $! || rc=1
   return $rc
 }
 
@@ -158,7 +155,7 @@ step_bench() {
   return $rc
 }
 
-PINGPONG_SPEC='{"head_dim":128,"causal":true,"pingpong":true}'  # sanitized beside the registry kernels
+PINGPONG_SPEC='{"head_dim":128,"causal":true,"pingpong":true}'  # sanitized beside the registry kernels (scripts/gpu_specs.py builds it)
 
 compare_specs() { [[ -n ${COMPARE_SPECS:-} ]] && tr ';' '\n' <<<"$COMPARE_SPECS" | sed '/^ *$/d'; }
 

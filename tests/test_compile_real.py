@@ -23,12 +23,17 @@ from fa3gen.spec import SMEM_BUDGET_BYTES, KernelSpec
 
 # The representative spec (TMA-store epilogue), the one with the most register pressure (direct
 # epilogue, lpt scheduler), and two samples of the schedule switches that the registry does not use
-# (pingpong with overlap; serial, one CTA per tile).
+# (pingpong with overlap; serial, one CTA per tile), and two variant kernels.
 SPECS = {
     REPRESENTATIVE: REGISTRY[REPRESENTATIVE],
     "fwd_d256_bf16_causal": REGISTRY["fwd_d256_bf16_causal"],
     "d128_fp16_pingpong_overlap": KernelSpec(head_dim=128, dtype="fp16", pingpong=True),
     "d96_causal_serial_grid": KernelSpec(head_dim=96, causal=True, intra_wg_overlap=False, scheduler="grid"),
+    # Variants: built-in window + softcap on the causal lpt kernel, and a custom score_mod over tensors.
+    "d128_causal_window_softcap": KernelSpec(head_dim=128, causal=True, window=True, softcap=True),
+    "d128_custom_relative_bias": KernelSpec(
+        head_dim=128, score_mod={"expr": "score + gain * bias(h, q_idx - kv_idx + seqlen_k - 1)", "grad": "1.f"},
+        params=[{"kind": "scalar", "name": "gain"}, {"kind": "tensor", "name": "bias", "ndim": 2}]),
 }
 NAMES = list(SPECS)
 

@@ -32,10 +32,11 @@ def cpu_op(monkeypatch):
     """Route the op's real implementation to the reference on CPU (validation kept)."""
     calls = []
 
-    def impl(q, k, v, softmax_scale, causal):
+    def impl(q, k, v, softmax_scale, causal, kernel=None, variant=ops.NO_VARIANT):
         ops._check_meta(q, k, v)
         calls.append((tuple(q.shape), softmax_scale, causal))
-        out, lse = attention_reference(q, k, v, softmax_scale, causal)
+        out, lse = attention_reference(q, k, v, softmax_scale, causal, window_size=variant.window_size,
+                                       softcap=variant.softcap, alibi_slopes=variant.alibi_slopes)
         return out.to(q.dtype), lse.to(torch.float32)
 
     monkeypatch.setattr(ops, "_forward_impl", impl)
@@ -233,6 +234,33 @@ def test_flash_attn_func_defaults_and_return_lse(cpu_op):
     assert lse.shape == (2, 4, 5) and cpu_op[-1][1:] == (0.5, True)
 
 
+def test_opcheck_with_variants(cpu_op):
+    q, k, v = qkv(sq=9, sk=13, hq=4, hkv=1)
+    slopes = torch.rand(2, 4)
+    torch.library.opcheck(torch.ops.fa3gen.fwd.default, (q, k, v, 0.2, True, 3, -1, 20.0, slopes))
+
+
+def test_flash_attn_func_passes_variants_to_the_op(cpu_op):
+    q, k, v = qkv(sq=9, sk=13, d=64)
+    out = ops.flash_attn_func(q, k, v, window_size=(4, 2), softcap=10.0, alibi_slopes=torch.rand(4))
+    ref, _ = attention_reference(q, k, v, None, False, window_size=(4, 2), softcap=10.0)
+    assert out.shape == ref.shape
+    with pytest.raises(ValueError, match="window_size must be two ints"):
+        ops.flash_attn_func(q, k, v, window_size=(4, -3))
+    with pytest.raises(ValueError, match="softcap must be a number >= 0"):
+        ops.flash_attn_func(q, k, v, softcap=-2.0)
+
+
+def test_torch_compile_fullgraph_with_a_window(cpu_op):
+    q, k, v = qkv(sq=6, sk=11)
+
+    def f(q, k, v):
+        return ops.flash_attn_func(q * 1, k, v, causal=True, window_size=(3, -1), softcap=5.0)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), f(q, k, v))
+
+
 def test_torch_compile_fullgraph(cpu_op):
     q, k, v = qkv(sq=6, sk=11)
 
@@ -287,7 +315,7 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     lse = torch.empty(2, 4, 9)
     for _ in range(2):
         ops._launch(q, k, v, out, lse, 0.3, True)
-    assert rec.specs == [("spec", 64, 64, "bf16", True)]
+    assert rec.specs == [("spec", 64, 64, "bf16", True, False, False, False)]
     p, stream = rec.params[-1]
     assert stream == 1234
     assert (p.q, p.k, p.v, p.o, p.lse) == (q.data_ptr(), k.data_ptr(), v.data_ptr(),

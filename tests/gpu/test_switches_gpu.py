@@ -36,6 +36,7 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, causal=True, epilogue="direct"),
     fa3gen.KernelSpec(head_dim=128, causal=True, pingpong=True, dtype="fp16"),
 ]
+CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (3, 1, 2049, 2, 1), (4, 512, 512, 16, 16)]
 
 
@@ -69,7 +70,7 @@ def test_switch_combination_matches_reference(spec):
 
 def test_compiled_kernel_call_runs_a_custom_spec():
     """spec -> compile -> call: a spec outside the registry, called on torch tensors."""
-    kernel = fa3gen.compile(fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112))
+    kernel = fa3gen.compile(CUSTOM_SPEC)
     gen = torch.Generator(device="cuda").manual_seed(21)
     q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(2, 517, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))

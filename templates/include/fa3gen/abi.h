@@ -3,7 +3,10 @@
 #pragma once
 #include <stdint.h>
 
-#define FA3GEN_ABI_VERSION 2
+#define FA3GEN_ABI_VERSION 3
+#define FA3GEN_MAX_SCALAR_ARGS 8
+#define FA3GEN_MAX_TENSOR_ARGS 8
+#define FA3GEN_MAX_TENSOR_DIMS 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,6 +29,15 @@ typedef struct Fa3genFwdParams {
   // Device scratch of at least fa3gen_fwd_workspace_bytes() bytes (NULL when that is 0), 16-byte
   // aligned, used by this launch only. The library initializes it on `stream` itself.
   void* workspace;
+  // Variants; a kernel reads only those its spec compiles in.
+  int32_t window_left, window_right;  // local window: keys [i + sk - sq - left, i + sk - sq + right], both >= 0
+  float softcap;                      // soft-capping: score = softcap * tanh(score / softcap), > 0
+  const float* alibi_slopes;          // ALiBi slope of (batch b, head h): alibi_slopes[b * alibi_batch_stride + h]
+  int64_t alibi_batch_stride;
+  float float_args[FA3GEN_MAX_SCALAR_ARGS];    // float32 scalar params, in declaration order
+  int32_t int_args[FA3GEN_MAX_SCALAR_ARGS];    // int32 scalar params, in declaration order
+  const void* tensor_args[FA3GEN_MAX_TENSOR_ARGS];                           // tensor params
+  int64_t tensor_strides[FA3GEN_MAX_TENSOR_ARGS][FA3GEN_MAX_TENSOR_DIMS];  // their strides, in elements
 } Fa3genFwdParams;
 
 // Every kernel library exports these four symbols.

@@ -1,0 +1,100 @@
+"""The per-call values of a kernel's variants: checked against the spec, written into FwdParams.
+
+``window_size``, ``softcap`` and ``alibi_slopes`` follow FlashAttention's conventions; the values of a
+custom spec's params are given by name. A value the spec does not compile in, or a spec variant
+with no value, is a clear error rather than a silently different kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .abi import MAX_TENSOR_DIMS, FwdParams
+from .spec import KernelSpec
+from .variant import ScalarParam
+
+_TORCH_DTYPES = {"float32": torch.float32, "int32": torch.int32, "int64": torch.int64,
+                 "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool}
+
+
+@dataclass(frozen=True)
+class VariantArgs:
+    """Run-time variant values of one call. window_size (-1, -1) and softcap 0 mean off."""
+
+    window_size: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def window(self) -> bool:
+        return tuple(self.window_size) != (-1, -1)
+
+    def check(self, spec: KernelSpec | None = None) -> None:
+        """Values are well-formed, and (given a spec) are exactly the ones the spec takes."""
+        ws = tuple(self.window_size)
+        if len(ws) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in ws):
+            raise ValueError(f"fa3gen: window_size must be two ints >= -1 (-1: unbounded), got {self.window_size!r}")
+        if not isinstance(self.softcap, (int, float)) or not self.softcap >= 0:
+            raise ValueError(f"fa3gen: softcap must be a number >= 0 (0: off), got {self.softcap!r}")
+        if spec is None:
+            return
+        for name, has, wants in (("window_size", self.window, spec.window), ("softcap", self.softcap > 0, spec.softcap),
+                                 ("alibi_slopes", self.alibi_slopes is not None, spec.alibi)):
+            if has != wants:
+                raise ValueError(f"fa3gen: kernel {spec.name} {'needs' if wants else 'does not take'} {name}")
+        declared = {p.name for p in spec.params}
+        missing, unknown = sorted(declared - set(self.params)), sorted(set(self.params) - declared)
+        if missing or unknown:
+            raise ValueError(f"fa3gen: kernel {spec.name} takes params {sorted(declared)}; "
+                             f"missing {missing}, unknown {unknown}")
+
+    def check_tensors(self, spec: KernelSpec, q: torch.Tensor) -> None:
+        """Devices, dtypes and shapes of the tensors (alibi slopes, tensor params)."""
+        b, _, hq, _ = q.shape
+        if self.alibi_slopes is not None:
+            s = self.alibi_slopes
+            if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.device != q.device:
+                raise ValueError(f"fa3gen: alibi_slopes must be a float32 tensor on {q.device}")
+            if tuple(s.shape) not in ((hq,), (b, hq)) or s.stride(-1) != 1:
+                raise ValueError(f"fa3gen: alibi_slopes must have shape ({hq},) or ({b}, {hq}) with a "
+                                 f"contiguous last dim, got shape {tuple(s.shape)} strides {s.stride()}")
+        for param in spec.params:
+            value = self.params[param.name]
+            if isinstance(param, ScalarParam):
+                kind = float if param.dtype == "float32" else int
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+                    raise ValueError(f"fa3gen: param {param.name} is a {param.dtype} scalar, got {value!r}")
+                continue
+            want = _TORCH_DTYPES[param.dtype]
+            if not isinstance(value, torch.Tensor) or value.dtype != want or value.device != q.device \
+                    or value.dim() != param.ndim:
+                got = (f"{value.dtype} {value.dim()}-d on {value.device}" if isinstance(value, torch.Tensor)
+                       else type(value).__name__)
+                raise ValueError(f"fa3gen: param {param.name} must be a {param.ndim}-d {want} tensor on "
+                                 f"{q.device}, got {got}")
+
+    def fill(self, p: FwdParams, spec: KernelSpec, causal: bool) -> None:
+        """Writes the values into the ABI struct (unbounded window sides become sq + sk)."""
+        unbounded = int(p.seqlen_q) + int(p.seqlen_k)
+        left, right = self.window_size
+        p.window_left = unbounded if left < 0 else left
+        p.window_right = unbounded if right < 0 else right
+        if causal:  # causal caps the window's right side at the diagonal
+            p.window_right = min(p.window_right, 0)
+        p.softcap = float(self.softcap)
+        if self.alibi_slopes is not None:
+            s = self.alibi_slopes
+            p.alibi_slopes = s.data_ptr()
+            p.alibi_batch_stride = int(s.stride(0)) if s.dim() == 2 else 0
+        for param, slot in spec.param_slots:
+            value = self.params[param.name]
+            if isinstance(param, ScalarParam):
+                (p.float_args if param.dtype == "float32" else p.int_args)[slot] = value
+                continue
+            p.tensor_args[slot] = value.data_ptr()
+            for d in range(MAX_TENSOR_DIMS):
+                p.tensor_strides[slot][d] = int(value.stride(d)) if d < value.dim() else 0

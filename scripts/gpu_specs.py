@@ -1,0 +1,57 @@
+"""Every kernel spec the GPU work of a device session needs: the registry, the GPU tests' own
+specs, the ablation's variants and the sanitizer's pingpong spec.
+
+Usage: python scripts/gpu_specs.py            # one JSON spec per line
+       python scripts/gpu_specs.py --build -j 16   # compile them all into the cache, in parallel
+Run it on the CPU machine with FA3GEN_CACHE_DIR=.devcache to prebuild what a device call carries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
+
+import fa3gen  # noqa: E402
+from fa3gen import REGISTRY, KernelSpec, ablation  # noqa: E402
+
+PINGPONG_SPEC = KernelSpec(head_dim=128, causal=True, pingpong=True)  # device_run.sh sanitizes it
+
+
+def gpu_specs() -> list[KernelSpec]:
+    import test_switches_gpu
+    import test_variants_gpu
+
+    specs = list(REGISTRY.values())
+    specs += [KernelSpec(head_dim=192, head_dim_v=128, causal=c) for c in (False, True)]  # test_fwd_gpu
+    specs += list(test_switches_gpu.SPECS) + [test_switches_gpu.CUSTOM_SPEC]
+    specs += list(test_variants_gpu.SPECS)
+    specs += [s for s in ablation.variants().values() if s is not None]
+    specs.append(PINGPONG_SPEC)
+    unique: list[KernelSpec] = []
+    for spec in specs:
+        if spec not in unique:
+            unique.append(spec)
+    return unique
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--build", action="store_true")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    args = ap.parse_args()
+    specs = gpu_specs()
+    if not args.build:
+        for spec in specs:
+            print(spec.canonical_json())
+        return 0
+    fa3gen.build_many(specs, jobs=args.jobs, progress=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Variants in the spec (window, softcap, alibi, score_mod, mask_mod): validation, rendering, call
+arguments, and the float64 reference that the GPU tests compare against."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from fa3gen import KernelSpec, render
+from fa3gen.reference import attention_reference
+from fa3gen.variant_args import VariantArgs
+
+DOC_WINDOW = dict(
+    mask_mod={"expr": "doc(b, q_idx) == doc(b, kv_idx) && kv_idx <= q_idx && q_idx - kv_idx < window"},
+    params=[{"kind": "tensor", "name": "doc", "ndim": 2, "dtype": "int32"},
+            {"kind": "scalar", "name": "window", "dtype": "int32"}],
+)
+REL_BIAS = dict(
+    score_mod={"expr": "score + bias(h, bucket(q_idx - kv_idx + seqlen_k - 1))", "grad": "1.f"},
+    params=[{"kind": "tensor", "name": "bias", "ndim": 2}, {"kind": "tensor", "name": "bucket", "ndim": 1, "dtype": "int32"}],
+)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"mask_mod": {"expr": "q_idx >= kv_idx; return 1"}}, "contains ';'"),
+    ({"mask_mod": {"expr": "q_idx >= kv_idx // hidden"}}, "contains '//'"),
+    ({"mask_mod": {"expr": "(q_idx >= kv_idx"}}, "unbalanced parentheses"),
+    ({"mask_mod": {"expr": "q_idx >= kv_idx - wnd"}}, "unknown name\\(s\\) wnd"),
+    ({"mask_mod": {"expr": "score > 0"}}, "unknown name\\(s\\) score"),
+    ({"score_mod": {"expr": "score * gain"}, "params": [{"kind": "scalar", "name": "q_idx"}]}, "reserved"),
+    ({"score_mod": {"expr": "score * gain"}, "params": [{"kind": "scalar", "name": "gain"},
+                                                        {"kind": "scalar", "name": "gain"}]}, "unique"),
+    ({"score_mod": {"expr": "score * g0"}, "params": [{"kind": "scalar", "name": f"g{i}"} for i in range(9)]},
+     "at most 8 float32 scalars"),
+    ({"params": [{"kind": "scalar", "name": "gain"}]}, "neither score_mod nor mask_mod"),
+    ({"score_mod": {"expr": "score * t(h)"}, "params": [{"kind": "tensor", "name": "t", "ndim": 5}]}, "less than or equal to 4"),
+    ({"score_mod": {"expr": ""}}, "score_mod is empty"),
+])
+def test_bad_variant_specs_fail_with_a_clear_error(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        KernelSpec(head_dim=128, **fields)
+
+
+def test_variant_specs_name_serialize_and_round_trip():
+    spec = KernelSpec(head_dim=128, causal=True, window=True, softcap=True, alibi=True, **REL_BIAS)
+    assert "_win_cap_alibi_smod" in spec.name
+    assert KernelSpec.from_json(spec.canonical_json()) == spec
+    assert spec.has_score_mod and not KernelSpec(head_dim=128, window=True).has_score_mod
+    slots = [(p.name, slot) for p, slot in KernelSpec(head_dim=64, **DOC_WINDOW).param_slots]
+    assert slots == [("doc", 0), ("window", 0)]  # tensors and int scalars count separately
+
+
+def test_builtin_variants_render_their_code_and_only_then():
+    plain = render(KernelSpec(head_dim=128))
+    for marker in ("first_visible_key", "tanh_approx(", "alibi_slopes[", "score_mod(p,", "mask_mod(p,"):
+        assert marker not in plain
+    assert "return p.scale_log2; }" in plain  # the scale stays folded into exp2
+    window = render(KernelSpec(head_dim=128, window=True))
+    assert "range.begin = max(first_visible_key(p, m_block * kBlockM), 0) / kBlockN;" in window
+    assert "crosses_left_edge" in window and "p.variant.window_right" in window
+    softcap = render(KernelSpec(head_dim=128, softcap=True))
+    assert "fa3gen::tanh_approx(score * p.variant.softcap_inv)" in softcap and "{ return float(M_LOG2E); }" in softcap
+    assert "variant.alibi_slopes[t.batch * p.variant.alibi_batch_stride + t.head]" in render(KernelSpec(head_dim=128, alibi=True))
+
+
+def test_custom_mods_render_the_users_expressions():
+    src = render(KernelSpec(head_dim=128, **REL_BIAS))
+    assert "return float(score + bias(h, bucket(q_idx - kv_idx + seqlen_k - 1)));" in src
+    assert "fa3gen::TensorArg<int, 1> const bucket{static_cast<int const*>(p.variant.tensor_args[1]), p.variant.tensor_strides[1]};" in src
+    src = render(KernelSpec(head_dim=64, **DOC_WINDOW))
+    assert "return bool(doc(b, q_idx) == doc(b, kv_idx) && kv_idx <= q_idx && q_idx - kv_idx < window);" in src
+    assert "int const window = p.variant.int_args[0];" in src
+    assert "return true;  // the spec's mask_mod" in src  # every block is masked element-wise
+
+
+def test_variant_args_must_match_the_spec():
+    spec = KernelSpec(head_dim=64, window=True, **DOC_WINDOW)
+    doc = torch.zeros(1, 8, dtype=torch.int32)
+    VariantArgs((16, 0), params={"doc": doc, "window": 4}).check(spec)
+    with pytest.raises(ValueError, match="needs window_size"):
+        VariantArgs(params={"doc": doc, "window": 4}).check(spec)
+    with pytest.raises(ValueError, match="does not take softcap"):
+        VariantArgs((16, 0), softcap=30.0, params={"doc": doc, "window": 4}).check(spec)
+    with pytest.raises(ValueError, match=r"missing \['window'\], unknown \['wnd'\]"):
+        VariantArgs((16, 0), params={"doc": doc, "wnd": 4}).check(spec)
+    with pytest.raises(ValueError, match="window_size must be two ints"):
+        VariantArgs((16, -2)).check()
+    with pytest.raises(ValueError, match="softcap must be a number >= 0"):
+        VariantArgs(softcap=-1.0).check()
+    q = torch.zeros(1, 8, 2, 64)
+    with pytest.raises(ValueError, match="param window is a int32 scalar"):
+        VariantArgs((16, 0), params={"doc": doc, "window": 4.5}).check_tensors(spec, q)
+    with pytest.raises(ValueError, match="param doc must be a 2-d torch.int32 tensor"):
+        VariantArgs((16, 0), params={"doc": doc.float(), "window": 4}).check_tensors(spec, q)
+    alibi = KernelSpec(head_dim=64, alibi=True)
+    with pytest.raises(ValueError, match=r"alibi_slopes must have shape \(2,\) or \(1, 2\)"):
+        VariantArgs(alibi_slopes=torch.zeros(3)).check_tensors(alibi, q)
+
+
+def test_reference_variants_agree_with_their_definitions():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 4, 32, generator=gen, dtype=torch.float64) for n in (40, 50, 50))
+    causal, _ = attention_reference(q, k, v, None, True)
+    as_window, _ = attention_reference(q, k, v, None, False, window_size=(-1, 0))
+    as_mask, _ = attention_reference(q, k, v, None, False, mask_mod=lambda b, h, i, j: j <= i + 10)
+    assert torch.equal(causal, as_window) and torch.equal(causal, as_mask)
+    capped, _ = attention_reference(q, k, v, None, False, softcap=5.0)
+    as_mod, _ = attention_reference(q, k, v, None, False, score_mod=lambda s, b, h, i, j: 5 * torch.tanh(s / 5))
+    assert torch.equal(capped, as_mod)
+    slopes = torch.rand(4, dtype=torch.float64)
+    alibi, _ = attention_reference(q, k, v, None, False, alibi_slopes=slopes)
+    as_bias, _ = attention_reference(
+        q, k, v, None, False, score_mod=lambda s, b, h, i, j: s - slopes.view(1, -1, 1, 1) * (i + 10 - j).abs())
+    assert torch.allclose(alibi, as_bias)
+    # A window of (2, 1) keeps exactly 4 keys for rows whose band lies inside the keys.
+    _, lse = attention_reference(q, torch.zeros_like(k), v, 1.0, False, window_size=(2, 1))
+    assert torch.allclose(lse[:, :, 5:35], torch.full_like(lse[:, :, 5:35], float(torch.log(torch.tensor(4.0)))))
