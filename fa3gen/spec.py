@@ -142,6 +142,11 @@ class KernelSpec(BaseModel):
                 data["head_dim_v"] = d
             if data.get("block_m") is None:
                 nwg = data.get("num_consumer_warpgroups")
+                # Per-element variant code (ALiBi, score_mod, mask_mod) needs the registers of two
+                # consumer warpgroups (232 each): with three (160 each) hdim 64 spilled 124-176 B.
+                per_element = data.get("alibi") or data.get("score_mod") or data.get("mask_mod")
+                if per_element and bm > 2 * WGMMA_M and not isinstance(nwg, int):
+                    bm = 2 * WGMMA_M
                 data["block_m"] = WGMMA_M * nwg if isinstance(nwg, int) else bm
             if data.get("block_n") is None:
                 data["block_n"] = bn

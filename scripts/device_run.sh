@@ -2,18 +2,20 @@
 # The one script a session runs on the lent H200 (from the repo root there). Every step's output
 # is tee'd into a few files under $OUT (they come back): 
 #   env.log        setup, nvidia-smi, `fa3gen doctor`, the step summary
-#   build.log      `fa3gen build --all` (fills what the carried cache lacks), the cold-compile probe
-#   checks.log     SASS check of every built kernel (HGMMA, UTMALDG, no LDL/STL), compute-sanitizer
+#   build.log      scripts/gpu_specs.py --build (fills what the carried cache lacks), the cold-compile probe
+#   checks.log     SASS check of every built kernel (HGMMA, UTMALDG, no LDL/STL), compute-sanitizer, ncu
+# (at most 8 files come back from a device call: keep it to these)
 #   gpu_tests.log  pytest -m gpu tests/gpu
 #   bench.md       `fa3gen bench` output: spot checks and the TFLOP/s table
 #   bench-*.json   the bench results as JSON, one file per dtype
 #
 # Usage: scripts/device_run.sh [STEP ...]      (default: doctor build sass tests bench)
-#   steps: doctor build sass tests sanitize bench ablation cold all
+#   steps: doctor build sass tests sanitize bench ablation compare variants profile cold all
 #     sanitize  compute-sanitizer ($SANITIZE_TOOLS, default memcheck) on a tiny python run
 #     ablation  `fa3gen bench --ablation` (FA3 paper's ablation through spec switches)
 #     profile   ncu (Speed of Light, compute and memory workload, warp states) of fa3gen and cuDNN on
-#               the cases of $PROFILE_CASES (default "128 512;128 512 causal"): profile.log
+#               the cases of $PROFILE_CASES (default "128 512;128 512 causal"): checks.log
+#     variants  examples/variants.py (fp64 checks) and scripts/bench_variants.py (variant timings): bench.md
 #     compare   scripts/kernel_smoke.py --time on each spec of $COMPARE_SPECS (JSON specs, ';'-separated):
 #               fp64 checks, then TFLOP/s beside cuDNN in one process (quick A/B of spec variants)
 #     cold      time one spec's cold compile into an empty cache and its warm load (~1-2 min)
@@ -166,6 +168,13 @@ step_compare() {
   timeout "${BENCH_TIMEOUT:-300}" "$PY" scripts/kernel_smoke.py --time "${specs[@]}"
 }
 
+step_variants() {
+  local rc=0
+  timeout 120 "$PY" examples/variants.py || rc=1
+  timeout "${BENCH_TIMEOUT:-300}" "$PY" scripts/bench_variants.py || rc=1
+  return $rc
+}
+
 step_profile() {
   local rc=0 hdim seqlen causal
   while read -r hdim seqlen causal; do
@@ -200,7 +209,8 @@ for st in "${steps[@]}"; do
     cold) run_step cold build.log step_cold ;;
     ablation) run_step ablation bench.md step_ablation ;;
     compare) run_step compare bench.md step_compare ;;
-    profile) run_step profile profile.log step_profile ;;
+    variants) run_step variants bench.md step_variants ;;
+    profile) run_step profile checks.log step_profile ;;
     *) echo "unknown step: $st (doctor build sass tests sanitize bench ablation cold all)" | tee -a "$OUT/env.log"; failed=1 ;;
   esac
 done

@@ -1,5 +1,5 @@
 """Every kernel spec the GPU work of a device session needs: the registry, the GPU tests' own
-specs, the ablation's variants and the sanitizer's pingpong spec.
+specs, the variant examples', the ablation's variants and the sanitizer's pingpong spec.
 
 Usage: python scripts/gpu_specs.py            # one JSON spec per line
        python scripts/gpu_specs.py --build -j 16   # compile them all into the cache, in parallel
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu"), str(ROOT / "examples")]
 
 import fa3gen  # noqa: E402
 from fa3gen import REGISTRY, KernelSpec, ablation  # noqa: E402
@@ -25,11 +25,13 @@ PINGPONG_SPEC = KernelSpec(head_dim=128, causal=True, pingpong=True)  # device_r
 def gpu_specs() -> list[KernelSpec]:
     import test_switches_gpu
     import test_variants_gpu
+    import variants as variant_examples
 
     specs = list(REGISTRY.values())
     specs += [KernelSpec(head_dim=192, head_dim_v=128, causal=c) for c in (False, True)]  # test_fwd_gpu
     specs += list(test_switches_gpu.SPECS) + [test_switches_gpu.CUSTOM_SPEC]
     specs += list(test_variants_gpu.SPECS)
+    specs += [variant_examples.DOCUMENTS_IN_A_WINDOW, variant_examples.SCALED_RELATIVE_BIAS]
     specs += [s for s in ablation.variants().values() if s is not None]
     specs.append(PINGPONG_SPEC)
     unique: list[KernelSpec] = []

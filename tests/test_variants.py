@@ -116,3 +116,14 @@ def test_reference_variants_agree_with_their_definitions():
     # A window of (2, 1) keeps exactly 4 keys for rows whose band lies inside the keys.
     _, lse = attention_reference(q, torch.zeros_like(k), v, 1.0, False, window_size=(2, 1))
     assert torch.allclose(lse[:, :, 5:35], torch.full_like(lse[:, :, 5:35], float(torch.log(torch.tensor(4.0)))))
+
+
+def test_per_element_variants_get_two_consumer_warpgroups_at_hdim_64():
+    """hdim 64 defaults to three consumer warpgroups (160 registers each); ALiBi and custom mods
+    spilled there, so those variants default to two (232 each). Soft-capping alone fits in three."""
+    assert KernelSpec(head_dim=64).num_consumer_warpgroups == 3
+    assert KernelSpec(head_dim=64, softcap=True).num_consumer_warpgroups == 3
+    for fields in ({"alibi": True}, DOC_WINDOW):
+        spec = KernelSpec(head_dim=64, **fields)
+        assert (spec.block_m, spec.num_consumer_warpgroups) == (128, 2)
+    assert KernelSpec(head_dim=64, alibi=True, block_m=192).num_consumer_warpgroups == 3  # explicit wins
