@@ -19,6 +19,7 @@ class CompiledKernel:
         self._spec = spec
         self._result = result
         self._lib = lib
+        self._workspace_bytes = int(lib.fa3gen_fwd_workspace_bytes())  # asked once: it is per call hot
 
     @property
     def spec(self) -> KernelSpec:
@@ -39,7 +40,7 @@ class CompiledKernel:
     @property
     def workspace_bytes(self) -> int:
         """Device scratch each launch needs in ``params.workspace`` (0: none)."""
-        return int(self._lib.fa3gen_fwd_workspace_bytes())
+        return self._workspace_bytes
 
     def fwd(self, params: abi.FwdParams, stream: int) -> None:
         """Launch the forward kernel on `stream` (a cudaStream_t as an int; 0 = default stream)."""

@@ -31,6 +31,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fa3gen.abi import FwdParams
 from fa3gen.variant_args import VariantArgs
@@ -230,13 +231,22 @@ def _kernel_stride(t: torch.Tensor, dim: int) -> int:
     return _kernel_stride(t, dim + 1) * int(t.shape[dim + 1])
 
 
+def _kernel_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, row, head) strides as the kernel gets them; the common no-size-1 case is one call."""
+    shape = t.shape
+    if shape[0] != 1 and shape[1] != 1 and shape[2] != 1:
+        stride = t.stride()
+        return stride[0], stride[1], stride[2]
+    return _kernel_stride(t, 0), _kernel_stride(t, 1), _kernel_stride(t, 2)
+
+
 def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
     p = FwdParams()
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-    for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
-        setattr(p, f"{name}_batch_stride", _kernel_stride(t, 0))
-        setattr(p, f"{name}_row_stride", _kernel_stride(t, 1))
-        setattr(p, f"{name}_head_stride", _kernel_stride(t, 2))
+    p.q_batch_stride, p.q_row_stride, p.q_head_stride = _kernel_strides(q)
+    p.k_batch_stride, p.k_row_stride, p.k_head_stride = _kernel_strides(k)
+    p.v_batch_stride, p.v_row_stride, p.v_head_stride = _kernel_strides(v)
+    p.o_batch_stride, p.o_row_stride, p.o_head_stride = _kernel_strides(out)
     p.batch, p.seqlen_q, p.nheads_q = q.shape[0], q.shape[1], q.shape[2]
     p.seqlen_k, p.nheads_kv = k.shape[1], k.shape[2]
     p.softmax_scale = float(softmax_scale)
@@ -269,16 +279,20 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
         variant.check(spec)
         variant.check_tensors(spec, q)
         variant.fill(params, spec, causal)
-    with torch.cuda.device(q.device):
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    if q.device.index == torch.cuda.current_device():  # the common case: no device switch (it costs ~10 us)
+        kernel.fwd(params, stream)
+        return
+    with torch.cuda.device(q.device):  # the library launches on the current device
         kernel.fwd(params, stream)
 
 
 def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = None,
-                  variant: VariantArgs = NO_VARIANT) -> tuple[torch.Tensor, torch.Tensor]:
+                  variant: VariantArgs = NO_VARIANT, meta_checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate, allocate, launch (the registry kernel, or `kernel`). Separate from the op so CPU
     tests can route it."""
-    _check_meta(q, k, v)
+    if not meta_checked:
+        _check_meta(q, k, v)
     _check_device(q, k, v)
     b, sq, hq, _ = q.shape
     sk, dv = k.shape[1], v.shape[-1]
@@ -350,6 +364,17 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left=-1, window_right=-1, s
     return out, lse
 
 
+def _eager_fast_path(*tensors: torch.Tensor | None) -> bool:
+    """True for a plain eager call: no compilation, tracing or dispatch/function modes (which must
+    see the op), no autograd, plain tensors only."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None \
+            or torch._C._is_torch_function_mode_enabled():
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -387,8 +412,14 @@ def flash_attn_func(
     _check_meta(q, k, v)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    VariantArgs(tuple(window_size), softcap, alibi_slopes).check()
-    left, right = (int(w) for w in window_size)
-    out, lse = torch.ops.fa3gen.fwd(q, k, v, float(softmax_scale), bool(causal), left, right, float(softcap),
-                                    alibi_slopes)
+    variant = VariantArgs(tuple(window_size), softcap, alibi_slopes)
+    variant.check()
+    if _eager_fast_path(q, k, v, alibi_slopes):
+        # Plain eager call: the implementation directly. The custom op's dispatch costs 15-30 us a
+        # call, as much as a short kernel runs; graphs, autograd and tensor subclasses keep the op.
+        out, lse = _forward_impl(q, k, v, float(softmax_scale), bool(causal), None, variant, meta_checked=True)
+    else:
+        left, right = (int(w) for w in window_size)
+        out, lse = torch.ops.fa3gen.fwd(q, k, v, float(softmax_scale), bool(causal), left, right,
+                                        float(softcap), alibi_slopes)
     return (out, lse) if return_lse else out

@@ -32,7 +32,7 @@ def cpu_op(monkeypatch):
     """Route the op's real implementation to the reference on CPU (validation kept)."""
     calls = []
 
-    def impl(q, k, v, softmax_scale, causal, kernel=None, variant=ops.NO_VARIANT):
+    def impl(q, k, v, softmax_scale, causal, kernel=None, variant=ops.NO_VARIANT, meta_checked=False):
         ops._check_meta(q, k, v)
         calls.append((tuple(q.shape), softmax_scale, causal))
         out, lse = attention_reference(q, k, v, softmax_scale, causal, window_size=variant.window_size,
@@ -307,6 +307,7 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     monkeypatch.setattr(fa3gen, "compile", rec.compile, raising=False)
     monkeypatch.setattr(ops, "_KERNELS", {})
     monkeypatch.setattr(torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # "same device" as the CPU tensors
     monkeypatch.setattr(torch.cuda, "current_stream",
                         lambda d=None: types.SimpleNamespace(cuda_stream=1234))
     packed = torch.randn(2, 9, 3, 4, 64, dtype=torch.bfloat16)
@@ -553,3 +554,16 @@ def test_run_kernel_validates_like_flash_attn_func():
         run_kernel(kernel, q, q, q)
     with pytest.raises(ValueError, match="must have 4 dims"):
         run_kernel(kernel, q[0], q, q)
+
+
+def test_eager_calls_skip_the_op_dispatch_but_graphs_and_autograd_keep_it():
+    """The custom op's dispatch costs as much as a short kernel, so plain eager calls go straight to
+    the implementation; anything that must see the op (grad, subclasses, modes) still goes through it."""
+    q, k, v = qkv()
+    assert ops._eager_fast_path(q, k, v, None)
+    assert not ops._eager_fast_path(q.clone().requires_grad_(), k, v, None)
+    with torch.no_grad():
+        assert ops._eager_fast_path(q.clone().requires_grad_(), k, v, None)
+    with FakeTensorMode() as mode:
+        fq = mode.from_tensor(q)
+        assert not ops._eager_fast_path(fq, fq, fq, None)
