@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
-from .variant import MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params
+from .variant import MaskMod, Param, ScalarParam, ScoreMod, check_expression, check_params
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SMEM_BUDGET_BYTES = 227 * 1024  # per thread block on H100/H200
@@ -226,23 +226,19 @@ class KernelSpec(BaseModel):
         return self.softcap or self.alibi or self.score_mod is not None
 
     @property
-    def param_slots(self) -> tuple[tuple[Param, int], ...]:
-        """Each param with its slot in the ABI: float_args, int_args or tensor_args, in order."""
+    def param_slots(self) -> tuple[tuple[Param, str, int], ...]:
+        """Each param with where the ABI carries it: the array (float_args, int_args or
+        tensor_args) and its slot there, in declaration order."""
         counters: dict[str, int] = {}
         slots = []
         for param in self.params:
-            group = param.dtype if isinstance(param, ScalarParam) else "tensor"
-            slots.append((param, counters.get(group, 0)))
-            counters[group] = counters.get(group, 0) + 1
+            if isinstance(param, ScalarParam):
+                array = "float_args" if param.dtype == "float32" else "int_args"
+            else:
+                array = "tensor_args"
+            slots.append((param, array, counters.get(array, 0)))
+            counters[array] = counters.get(array, 0) + 1
         return tuple(slots)
-
-    @property
-    def scalar_params(self) -> tuple[ScalarParam, ...]:
-        return tuple(p for p in self.params if isinstance(p, ScalarParam))
-
-    @property
-    def tensor_params(self) -> tuple[TensorParam, ...]:
-        return tuple(p for p in self.params if isinstance(p, TensorParam))
 
     @property
     def num_threads(self) -> int:

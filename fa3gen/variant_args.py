@@ -90,10 +90,10 @@ class VariantArgs:
             s = self.alibi_slopes
             p.alibi_slopes = s.data_ptr()
             p.alibi_batch_stride = int(s.stride(0)) if s.dim() == 2 else 0
-        for param, slot in spec.param_slots:
+        for param, array, slot in spec.param_slots:
             value = self.params[param.name]
-            if isinstance(param, ScalarParam):
-                (p.float_args if param.dtype == "float32" else p.int_args)[slot] = value
+            if array != "tensor_args":
+                getattr(p, array)[slot] = value
                 continue
             p.tensor_args[slot] = value.data_ptr()
             for d in range(MAX_TENSOR_DIMS):

@@ -47,8 +47,8 @@ def test_variant_specs_name_serialize_and_round_trip():
     assert "_win_cap_alibi_smod" in spec.name
     assert KernelSpec.from_json(spec.canonical_json()) == spec
     assert spec.has_score_mod and not KernelSpec(head_dim=128, window=True).has_score_mod
-    slots = [(p.name, slot) for p, slot in KernelSpec(head_dim=64, **DOC_WINDOW).param_slots]
-    assert slots == [("doc", 0), ("window", 0)]  # tensors and int scalars count separately
+    slots = [(p.name, array, slot) for p, array, slot in KernelSpec(head_dim=64, **DOC_WINDOW).param_slots]
+    assert slots == [("doc", "tensor_args", 0), ("window", "int_args", 0)]  # each array counts its own slots
 
 
 def test_builtin_variants_render_their_code_and_only_then():

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fa3gen
-from fa3gen.ops import _launch
 from fa3gen.reference import attention_reference
 from fa3gen.variant_args import VariantArgs
+from gpu_checks import check_poisoned_launch as check
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,26 +38,6 @@ def inputs(b, sq, sk, hq, hkv, d, dtype, seed):
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=gen)
     return q, k, v
-
-
-def check(q, k, v, causal, kernel, variant, tol, lse_tol=1e-3, **reference_variant):
-    """Runs into NaN-poisoned outputs and compares out and lse with the float64 reference."""
-    b, sq, hq, _ = q.shape
-    scale = 1 / math.sqrt(q.shape[-1])
-    out = torch.full((b, sq, hq, v.shape[-1]), float("nan"), device="cuda", dtype=q.dtype)
-    lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-    _launch(q, k, v, out, lse, scale, causal, kernel, variant)
-    torch.cuda.synchronize()
-    ref, ref_lse = attention_reference(q, k, v, scale, causal, **reference_variant)
-    assert not out.isnan().any() and not lse.isnan().any(), "unwritten outputs"
-    visible = torch.isfinite(ref_lse)
-    assert torch.isneginf(lse[~visible]).all(), "rows that see no key: lse must be -inf"
-    assert (out.permute(0, 2, 1, 3)[~visible] == 0).all(), "rows that see no key: out must be 0"
-    rel = float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-    assert rel < tol, f"rel err {rel:.2e} >= {tol:.0e}"
-    lse_err = float((lse[visible].double() - ref_lse[visible]).abs().max()) if visible.any() else 0.0
-    assert lse_err < lse_tol, f"lse err {lse_err:.2e}"
-    return rel
 
 
 @pytest.mark.parametrize("dt, causal", [("bf16", False), ("bf16", True), ("fp16", False)])
