@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .build import BuildError, JitDisabledError, build, build_many, ptxas_report
 from .kernel import CompiledKernel, compile
-from .registry import REGISTRY, default_spec, resolve
+from .registry import REGISTRY, default_bwd_spec, default_spec, resolve
 from .render import render
 from .spec import KernelSpec
 from .toolchain import ToolchainError
@@ -30,6 +30,7 @@ __all__ = [
     "build",
     "build_many",
     "compile",
+    "default_bwd_spec",
     "default_spec",
     "flash_attn_func",
     "ptxas_report",

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_SCALAR_ARGS = 8
 MAX_TENSOR_ARGS = 8
 MAX_TENSOR_DIMS = 4
+KINDS = ("fwd", "bwd")  # KernelSpec.kind: which pair of symbols a library exports
 
-_STRIDE_FIELDS = [
-    f"{t}_{s}_stride" for t in ("q", "k", "v", "o") for s in ("batch", "row", "head")
-]
+
+def _stride_fields(*tensors: str) -> list[str]:
+    return [f"{t}_{s}_stride" for t in tensors for s in ("batch", "row", "head")]
+
+
+_SIZE_FIELDS = [(name, ctypes.c_int32) for name in ("batch", "seqlen_q", "seqlen_k", "nheads_q", "nheads_kv")]
 
 
 class FwdParams(ctypes.Structure):
@@ -20,8 +24,8 @@ class FwdParams(ctypes.Structure):
     _fields_ = (
         [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
          ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p)]
-        + [(name, ctypes.c_int64) for name in _STRIDE_FIELDS]
-        + [(name, ctypes.c_int32) for name in ("batch", "seqlen_q", "seqlen_k", "nheads_q", "nheads_kv")]
+        + [(name, ctypes.c_int64) for name in _stride_fields("q", "k", "v", "o")]
+        + _SIZE_FIELDS
         + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p)]
         + [("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
            ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64),
@@ -31,14 +35,35 @@ class FwdParams(ctypes.Structure):
     )
 
 
-def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Declare the exported symbols' signatures on a loaded kernel library."""
+class BwdParams(ctypes.Structure):
+    """Backward problem: the forward's q, k, v, o and lse, the output gradient dout, the gradients
+    dq, dk, dv to write, their element strides, sizes, the softmax scale and scratch."""
+
+    _fields_ = (
+        [(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv")]
+        + [(name, ctypes.c_int64) for name in _stride_fields("q", "k", "v", "o", "dout", "dq", "dk", "dv")]
+        + _SIZE_FIELDS
+        + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p)]
+    )
+
+
+def bind(lib: ctypes.CDLL, kind: str = "fwd") -> ctypes.CDLL:
+    """Declare the exported symbols' signatures on a loaded kernel library of this kind ("fwd" or
+    "bwd"): the two every library exports and the launch pair of its kind (the other pair is absent)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     lib.fa3gen_abi_version.restype = ctypes.c_int
     lib.fa3gen_abi_version.argtypes = []
     lib.fa3gen_spec_json.restype = ctypes.c_char_p
     lib.fa3gen_spec_json.argtypes = []
-    lib.fa3gen_fwd_workspace_bytes.restype = ctypes.c_int
-    lib.fa3gen_fwd_workspace_bytes.argtypes = []
-    lib.fa3gen_fwd.restype = ctypes.c_int
-    lib.fa3gen_fwd.argtypes = [ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    if kind == "fwd":
+        lib.fa3gen_fwd_workspace_bytes.restype = ctypes.c_int
+        lib.fa3gen_fwd_workspace_bytes.argtypes = []
+        lib.fa3gen_fwd.restype = ctypes.c_int
+        lib.fa3gen_fwd.argtypes = [ctypes.POINTER(FwdParams), ctypes.c_void_p]
+    else:
+        lib.fa3gen_bwd_workspace_bytes.restype = ctypes.c_int64
+        lib.fa3gen_bwd_workspace_bytes.argtypes = [ctypes.POINTER(BwdParams)]
+        lib.fa3gen_bwd.restype = ctypes.c_int
+        lib.fa3gen_bwd.argtypes = [ctypes.POINTER(BwdParams), ctypes.c_void_p]
     return lib

@@ -1,10 +1,16 @@
-"""`fa3gen bench`: fa3gen's forward beside torch SDPA (cuDNN and flash backends), one process.
+"""`fa3gen bench`: fa3gen's forward or backward beside torch SDPA (cuDNN and flash backends), one process.
 
 The FlashAttention-3 paper's setup: 16k tokens in total (batch = 16384 // seqlen), hidden size
 2048 (nheads = 2048 // head_dim), head dims 64/128/256, seqlen 512..16k, causal and not. Every
 implementation runs on the same inputs, timed with CUDA events after a warm-up; the median of
 the repetitions counts. FLOPs of the forward: 4 * batch * nheads * seqlen_q * seqlen_k * head_dim,
 halved when causal (the FA convention).
+
+`--pass bwd` (or `both`) times the backward instead (or as well), on head dims 64 and 128 by
+default (the backward supports 64, 96, 128 so far): fa3gen's op-level backward (validation,
+allocation and the backward kernels, given q, k, v, dout and the out and lse of one forward done
+beforehand) against ``torch.autograd.grad`` of an SDPA output computed once with the same backend.
+FLOPs of the backward: 2.5 times the forward's (FA's convention: 5 matmuls to the forward's 2).
 
 SDPA takes (batch, nheads, seqlen, head_dim): it gets transposed views of the same tensors. Its
 causal mask is top-left aligned, fa3gen's bottom-right; with seqlen_q == seqlen_k they coincide.
@@ -26,6 +32,8 @@ from typing import Any, Callable
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_HDIMS = (64, 128, 256)
+DEFAULT_BWD_HDIMS = (64, 128)
+PASSES = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd")}
 PEERS = ("cudnn", "flash")
 PEER_TITLES = {"fa3gen": "fa3gen", "cudnn": "cuDNN", "flash": "FA2"}
 
@@ -36,6 +44,12 @@ def attn_fwd_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_d
     dv = head_dim if head_dim_v is None else head_dim_v
     flops = 2.0 * batch * nheads * seqlen_q * seqlen_k * (head_dim + dv)
     return flops / 2 if causal else flops
+
+
+def attn_bwd_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                   causal: bool, head_dim_v: int | None = None) -> float:
+    """Backward FLOPs: 2.5 times the forward's (halved when causal, like it)."""
+    return 2.5 * attn_fwd_flops(batch, nheads, seqlen_q, seqlen_k, head_dim, causal, head_dim_v)
 
 
 def bench_cases(hdims, seqlens, causals, total_tokens: int = 16384, hidden: int = 2048):
@@ -61,7 +75,10 @@ def _int_list(text: str) -> list[int]:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="fa3gen bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--hdim", default="64,128,256", help="head dims, comma list (default 64,128,256)")
+    ap.add_argument("--hdim", default=None,
+                    help="head dims, comma list (default 64,128,256; 64,128 with --pass bwd or both)")
+    ap.add_argument("--pass", dest="passes", choices=tuple(PASSES), default="fwd",
+                    help="time the forward (default), the backward, or both")
     ap.add_argument("--seqlens", default="512,1k,2k,4k,8k,16k", help="seqlens, comma list (k = 1024)")
     ap.add_argument("--causal", choices=("both", "on", "off"), default="both")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
@@ -83,7 +100,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--json", metavar="PATH", help="write all results as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="also write the table to this file")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: a dry run on cpu
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.passes = PASSES[args.passes]
+    if args.hdim is None:
+        args.hdim = ",".join(map(str, DEFAULT_HDIMS if args.passes == ("fwd",) else DEFAULT_BWD_HDIMS))
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,12 +141,14 @@ def time_cuda_ms(fn: Callable[[], Any], warmup: int, reps: int, min_rep_ms: floa
 # kernels: build up front, cold/warm compile timing
 # ---------------------------------------------------------------------------------------------
 
-def _prepare_kernels(keys: list[tuple[int, int, str, bool]], jobs: int) -> dict[str, Any]:
-    """Build (or load from the cache) every kernel the bench needs, in parallel. Returns timings."""
+def _prepare_kernels(keys: list[tuple[int, int, str, bool]], jobs: int,
+                     bwd_keys: list[tuple[int, int, str, bool]] = ()) -> dict[str, Any]:
+    """Build (or load from the cache) every kernel the bench needs, in parallel: the forward kernels
+    of `keys`, the backward kernels of `bwd_keys`. Returns timings."""
     import fa3gen
     from fa3gen import ops, registry
 
-    specs = [registry.default_spec(*k) for k in keys]
+    specs = [registry.default_spec(*k) for k in keys] + [registry.default_bwd_spec(*k) for k in bwd_keys]
     info: dict[str, Any] = {"specs": [s.name for s in specs]}
     t0 = time.perf_counter()
     build_many = getattr(fa3gen, "build_many", None)
@@ -134,8 +157,9 @@ def _prepare_kernels(keys: list[tuple[int, int, str, bool]], jobs: int) -> dict[
         info["builds"] = {r.spec.name: ("cached" if r.cached else round(r.seconds, 2)) for r in results}
         info["build_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(keys)))) as pool:
-        list(pool.map(lambda key: ops._kernel_for(*key), keys))
+    loads = [(ops._kernel_for, key) for key in keys] + [(ops._bwd_kernel_for, key) for key in bwd_keys]
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(loads)))) as pool:
+        list(pool.map(lambda load: load[0](*load[1]), loads))
     info["load_s"] = time.perf_counter() - t1
     info["total_s"] = time.perf_counter() - t0
     return info
@@ -176,6 +200,100 @@ def _probe_compile(key: tuple[int, int, str, bool], cache_dir: str | None) -> di
 
 
 # ---------------------------------------------------------------------------------------------
+# the implementations timed on one case
+# ---------------------------------------------------------------------------------------------
+
+def _failing(exc: Exception) -> Callable[[], Any]:
+    def run():
+        raise exc
+    return run
+
+
+def _fwd_fns(q, k, v, scale: float, causal: bool):
+    """{impl: fn} timing the forward, and {impl: fn -> outputs in (b, s, h, d)} for the check."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fa3gen import ops
+
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    fns: dict[str, Callable[[], Any]] = {
+        "fa3gen": lambda: ops.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+    }
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+        return run
+
+    fns["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    fns["flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    outputs = {"fa3gen": lambda: (fns["fa3gen"](),)}
+    outputs.update({p: (lambda p=p: (fns[p]().transpose(1, 2),)) for p in PEERS})
+    return fns, outputs
+
+
+def _bwd_fns(q, k, v, scale: float, causal: bool, gen):
+    """The backward's {impl: fn} (the forward done once beforehand, outside the timing) and
+    {impl: fn -> (dq, dk, dv) in (b, s, h, d)} for the check."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fa3gen import ops
+
+    dout = torch.randn(q.shape[:3] + v.shape[-1:], device=q.device, dtype=q.dtype, generator=gen)
+    fns: dict[str, Callable[[], Any]] = {}
+    try:
+        out, lse = ops._forward_impl(q, k, v, scale, causal)
+        fns["fa3gen"] = lambda: ops._backward_impl(dout, q, k, v, out, lse, scale, causal, False)
+    except Exception as e:  # reported as this implementation's error
+        fns["fa3gen"] = _failing(e)
+
+    def sdpa(backend):
+        try:
+            leaves = [x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v)]
+            with torch.enable_grad(), sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+        except Exception as e:
+            return _failing(e)
+        dot = dout.transpose(1, 2)
+        return lambda: torch.autograd.grad(o, leaves, dot, retain_graph=True)
+
+    fns["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    fns["flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    outputs = {"fa3gen": fns["fa3gen"]}
+    outputs.update({p: (lambda p=p: tuple(g.transpose(1, 2) for g in fns[p]())) for p in PEERS})
+    return fns, outputs
+
+
+def _check(entry: dict[str, Any], outputs: dict[str, Callable[[], Any]]) -> str:
+    """fa3gen's outputs vs the first peer that runs: max abs difference, and all finite."""
+    import torch
+
+    try:
+        mine = outputs["fa3gen"]()
+        peer = None
+        for p in PEERS:
+            try:
+                peer = outputs[p]()
+                entry["check_peer"] = p
+                break
+            except Exception:
+                continue
+        finite = all(bool(torch.isfinite(t).all()) for t in mine)
+        entry["check_finite"] = finite
+        if peer is not None:
+            entry["check_max_abs_diff"] = max(float((a.float() - b.float()).abs().max()) for a, b in zip(mine, peer))
+        return (f"max|fa3gen-{entry.get('check_peer', 'none')}| = "
+                f"{entry.get('check_max_abs_diff', float('nan')):.3e}, finite={finite}")
+    except Exception as e:
+        entry["check_error"] = f"{type(e).__name__}: {e}"
+        return f"check failed: {entry['check_error']}"
+
+
+# ---------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------
 
@@ -183,13 +301,51 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
+def _run_case(args: argparse.Namespace, dev, dtype, d: int, s: int, b: int, h: int, causal: bool, pass_: str,
+              ceiling: float | None) -> tuple[dict[str, Any], str]:
+    """Check and time one case of one pass: (its JSON entry, its table row)."""
+    import torch
+
+    name = f"d{d} s{s} b{b} h{h}" + (" causal" if causal else "")
+    if args.passes != ("fwd",):
+        name += f" {pass_}"
+    flops = (attn_fwd_flops if pass_ == "fwd" else attn_bwd_flops)(b, h, s, s, d, causal)
+    scale = 1.0 / math.sqrt(d)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, generator=gen) for _ in range(3))
+    fns, outputs = _fwd_fns(q, k, v, scale, causal) if pass_ == "fwd" else _bwd_fns(q, k, v, scale, causal, gen)
+    entry: dict[str, Any] = {"case": name, "pass": pass_, "head_dim": d, "seqlen": s, "batch": b, "nheads": h,
+                             "causal": causal, "flops": flops, "results": {}}
+    if not args.no_check:
+        print(f"check {name}: {_check(entry, outputs)}", flush=True)
+    for impl, fn in fns.items():
+        try:
+            ms = time_cuda_ms(fn, args.warmup, args.reps, args.min_rep_ms)
+            entry["results"][impl] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
+        except Exception as e:
+            entry["results"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            torch.cuda.synchronize()
+    res = entry["results"]
+    tf = {k: r.get("tflops") for k, r in res.items()}
+    best_peer = max((tf[p] for p in PEERS if tf.get(p) is not None), default=None)
+    ratio = tf["fa3gen"] / best_peer if tf.get("fa3gen") is not None and best_peer else None
+    entry["fa3gen_over_best_peer"] = ratio
+    of_matmul = tf["fa3gen"] / ceiling if tf.get("fa3gen") is not None and ceiling else None
+    entry["fa3gen_over_matmul"] = of_matmul
+    row = (f"| {name} | {_fmt(tf.get('fa3gen'))} | {_fmt(tf.get('cudnn'))} | "
+           f"{_fmt(tf.get('flash'))} | {'n/a' if ratio is None else f'{ratio:.2f}x'} | "
+           f"{'n/a' if of_matmul is None else f'{of_matmul:.2f}'} |")
+    print(row + "   " + "  ".join(f"{k}: {r['error']}" for k, r in res.items() if "error" in r), flush=True)
+    del q, k, v, fns, outputs
+    torch.cuda.empty_cache()
+    return entry, row
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(list(sys.argv[1:] if argv is None else argv))
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from fa3gen import ops
+    from fa3gen.spec import BWD_HEAD_DIMS
 
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -215,11 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal]
     cases = bench_cases(hdims, seqlens, causals, args.total_tokens, args.hidden)
     keys = sorted({(d, d, args.dtype, c) for d, _, _, _, c in cases})
+    bwd_keys = [key for key in keys if key[0] in BWD_HEAD_DIMS] if "bwd" in args.passes else []
+    if "bwd" in args.passes and len(bwd_keys) < len(keys):
+        print(f"note: no backward for head dims {sorted({d for d, *_ in keys} - set(BWD_HEAD_DIMS))} "
+              f"(the backward supports {BWD_HEAD_DIMS} so far): their bwd cases are skipped", flush=True)
     result: dict[str, Any] = {
         "meta": {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
                  "cudnn": torch.backends.cudnn.version(), "dtype": args.dtype,
                  "total_tokens": args.total_tokens, "hidden": args.hidden,
-                 "warmup": args.warmup, "reps": args.reps},
+                 "warmup": args.warmup, "reps": args.reps, "passes": list(args.passes)},
         "cases": [],
     }
     print(f"# fa3gen bench: {gpu}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
@@ -227,13 +387,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- kernels up front: one parallel build, then cold/warm compile probes ---
     try:
-        comp = _prepare_kernels(keys, args.jobs)
+        comp = _prepare_kernels(keys, args.jobs, bwd_keys)
     except Exception as e:  # report, keep going: fa3gen columns become n/a
         comp = {"error": f"{type(e).__name__}: {e}"}
     if "error" in comp:
         print(f"kernels: ERROR {comp['error']}", flush=True)
     else:
-        print(f"kernels: {len(keys)} specs ready in {comp['total_s']:.2f} s (parallel build "
+        print(f"kernels: {len(keys) + len(bwd_keys)} specs ready in {comp['total_s']:.2f} s (parallel build "
               f"{comp.get('build_s', float('nan')):.2f} s, in-process load {comp['load_s']:.2f} s)", flush=True)
     probe_key = (128, 128, args.dtype, False) if (128, 128, args.dtype, False) in keys else keys[0]
     warm = _probe_compile(probe_key, None)
@@ -259,74 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     # --- cases ---
     rows = []
     for d, s, b, h, causal in cases:
-        name = f"d{d} s{s} b{b} h{h}" + (" causal" if causal else "")
-        flops = attn_fwd_flops(b, h, s, s, d, causal)
-        scale = 1.0 / math.sqrt(d)
-        gen = torch.Generator(device=dev).manual_seed(0)
-        q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, generator=gen) for _ in range(3))
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        fns: dict[str, Callable[[], Any]] = {
-            "fa3gen": lambda: ops.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
-        }
-
-        def sdpa(backend):
-            def run():
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
-            return run
-
-        fns["cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
-        fns["flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
-        entry: dict[str, Any] = {"case": name, "head_dim": d, "seqlen": s, "batch": b, "nheads": h,
-                                 "causal": causal, "flops": flops, "results": {}}
-        if not args.no_check:
-            try:
-                out = fns["fa3gen"]()
-                peer = None
-                for p in PEERS:
-                    try:
-                        peer = fns[p]().transpose(1, 2)
-                        entry["check_peer"] = p
-                        break
-                    except Exception:
-                        continue
-                finite = bool(torch.isfinite(out).all())
-                entry["check_finite"] = finite
-                if peer is not None:
-                    entry["check_max_abs_diff"] = float((out.float() - peer.float()).abs().max())
-                msg = (f"max|fa3gen-{entry.get('check_peer', 'none')}| = "
-                       f"{entry.get('check_max_abs_diff', float('nan')):.3e}, finite={finite}")
-                del out, peer
-            except Exception as e:
-                entry["check_error"] = f"{type(e).__name__}: {e}"
-                msg = f"check failed: {entry['check_error']}"
-            print(f"check {name}: {msg}", flush=True)
-        for impl, fn in fns.items():
-            try:
-                ms = time_cuda_ms(fn, args.warmup, args.reps, args.min_rep_ms)
-                entry["results"][impl] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
-            except Exception as e:
-                entry["results"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-                torch.cuda.synchronize()
-        res = entry["results"]
-        tf = {k: r.get("tflops") for k, r in res.items()}
-        best_peer = max((tf[p] for p in PEERS if tf.get(p) is not None), default=None)
-        ratio = tf["fa3gen"] / best_peer if tf.get("fa3gen") is not None and best_peer else None
-        entry["fa3gen_over_best_peer"] = ratio
-        ceiling = result.get("matmul_bf16_8192_tflops")
-        of_matmul = tf["fa3gen"] / ceiling if tf.get("fa3gen") is not None and ceiling else None
-        entry["fa3gen_over_matmul"] = of_matmul
-        rows.append(f"| {name} | {_fmt(tf.get('fa3gen'))} | {_fmt(tf.get('cudnn'))} | "
-                    f"{_fmt(tf.get('flash'))} | {'n/a' if ratio is None else f'{ratio:.2f}x'} | "
-                    f"{'n/a' if of_matmul is None else f'{of_matmul:.2f}'} |")
-        print(rows[-1] + "   " + "  ".join(f"{k}: {r['error']}" for k, r in res.items() if "error" in r),
-              flush=True)
-        result["cases"].append(entry)
-        del q, k, v, qt, kt, vt
-        torch.cuda.empty_cache()
+        for pass_ in args.passes:
+            if pass_ == "bwd" and d not in BWD_HEAD_DIMS:
+                continue
+            entry, row = _run_case(args, dev, dtype, d, s, b, h, causal, pass_, result.get("matmul_bf16_8192_tflops"))
+            rows.append(row)
+            result["cases"].append(entry)
 
     header = [
-        f"fwd, {args.dtype}, TFLOP/s ({gpu}, torch {torch.__version__}); median of {args.reps} reps",
+        f"{'+'.join(args.passes)}, {args.dtype}, TFLOP/s ({gpu}, torch {torch.__version__}); median of {args.reps} reps",
         "",
         "| case | fa3gen | cuDNN | FA2 | fa3gen/best-peer | fa3gen/matmul |",
         "|---|---|---|---|---|---|",

@@ -13,17 +13,26 @@ from .spec import KernelSpec
 
 
 class CompiledKernel:
-    """One kernel library: dlopen'ed, ABI-checked, callable with raw FwdParams."""
+    """One kernel library: dlopen'ed, ABI-checked, callable with raw FwdParams (a forward spec) or
+    BwdParams (a backward spec, ``spec.kind == "bwd"``)."""
 
     def __init__(self, spec: KernelSpec, result: BuildResult, lib: ctypes.CDLL) -> None:
         self._spec = spec
         self._result = result
         self._lib = lib
-        self._workspace_bytes = int(lib.fa3gen_fwd_workspace_bytes())  # asked once: it is per call hot
+        self._is_fwd = spec.kind == "fwd"
+        # Forward scratch is a constant, asked once (it is per call hot); backward scratch depends
+        # on the problem's sizes and is asked per call (bwd_workspace_bytes).
+        self._workspace_bytes = int(lib.fa3gen_fwd_workspace_bytes()) if self._is_fwd else None
 
     @property
     def spec(self) -> KernelSpec:
         return self._spec
+
+    @property
+    def kind(self) -> str:
+        """"fwd" or "bwd" (the spec's kind)."""
+        return self._spec.kind
 
     @property
     def entry_dir(self) -> Path:
@@ -37,23 +46,64 @@ class CompiledKernel:
     def build_result(self) -> BuildResult:
         return self._result
 
+    def _wrong_kind(self, what: str) -> TypeError:
+        want = "bwd" if self._is_fwd else "fwd"
+        return TypeError(f"fa3gen kernel {self._spec.name} is a {self._spec.kind} kernel; {what} needs a "
+                         f"{want} kernel (KernelSpec(kind={want!r}, ...))")
+
     @property
     def workspace_bytes(self) -> int:
-        """Device scratch each launch needs in ``params.workspace`` (0: none)."""
+        """Device scratch each forward launch needs in ``params.workspace`` (0: none). A backward
+        kernel's scratch depends on the problem: ``bwd_workspace_bytes(params)``."""
+        if self._workspace_bytes is None:
+            raise self._wrong_kind("workspace_bytes (a backward kernel's scratch depends on the problem: "
+                                   "bwd_workspace_bytes(params))")
         return self._workspace_bytes
 
     def fwd(self, params: abi.FwdParams, stream: int) -> None:
         """Launch the forward kernel on `stream` (a cudaStream_t as an int; 0 = default stream)."""
+        if not self._is_fwd:
+            raise self._wrong_kind("fwd()")
         err = self._lib.fa3gen_fwd(ctypes.byref(params), ctypes.c_void_p(stream or None))
+        if err != 0:
+            raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
+
+    def bwd_workspace_bytes(self, params: abi.BwdParams) -> int:
+        """Device scratch (bytes, 256-byte aligned) the backward launch of this problem needs in
+        ``params.workspace``; reads the sizes in params, not the pointers."""
+        if self._is_fwd:
+            raise self._wrong_kind("bwd_workspace_bytes()")
+        nbytes = int(self._lib.fa3gen_bwd_workspace_bytes(ctypes.byref(params)))
+        if nbytes < 0:
+            raise RuntimeError(f"fa3gen kernel {self._spec.name} asked for {nbytes} bytes of workspace")
+        return nbytes
+
+    def bwd(self, params: abi.BwdParams, stream: int) -> None:
+        """Launch the backward kernels on `stream` (a cudaStream_t as an int; 0 = default stream)."""
+        if self._is_fwd:
+            raise self._wrong_kind("bwd()")
+        err = self._lib.fa3gen_bwd(ctypes.byref(params), ctypes.c_void_p(stream or None))
         if err != 0:
             raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
 
     def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False, **variant):
         """Attention with this kernel on torch tensors: ``fa3gen.ops.run_kernel`` (causal from the
         spec; window_size, softcap, alibi_slopes and the spec's params by keyword)."""
+        if not self._is_fwd:
+            raise self._wrong_kind("kernel(q, k, v) (for gradients call kernel.backward(dout, q, k, v, out, "
+                                   "lse), or differentiate through fa3gen.flash_attn_func)")
         from .ops import run_kernel
 
         return run_kernel(self, q, k, v, softmax_scale=softmax_scale, return_lse=return_lse, **variant)
+
+    def backward(self, dout, q, k, v, out, lse, softmax_scale: float | None = None):
+        """Gradients (dq, dk, dv) with this backward kernel on torch tensors:
+        ``fa3gen.ops.run_bwd_kernel`` (causal and deterministic from the spec)."""
+        if self._is_fwd:
+            raise self._wrong_kind("backward()")
+        from .ops import run_bwd_kernel
+
+        return run_bwd_kernel(self, dout, q, k, v, out, lse, softmax_scale=softmax_scale)
 
     def __repr__(self) -> str:
         return f"CompiledKernel({self._spec.name}, {self.library_path})"
@@ -65,7 +115,12 @@ class _EntryMismatch(RuntimeError):
 
 def _load(spec: KernelSpec, result: BuildResult) -> ctypes.CDLL:
     """dlopen the entry's library and check it is the ABI and the spec we asked for."""
-    lib = abi.bind(ctypes.CDLL(str(result.entry.library), mode=ctypes.RTLD_LOCAL))
+    lib = ctypes.CDLL(str(result.entry.library), mode=ctypes.RTLD_LOCAL)
+    try:
+        abi.bind(lib, spec.kind)
+    except AttributeError as exc:  # built from another ABI or kind: a launch symbol is missing
+        _dlclose(lib)
+        raise _EntryMismatch(f"{result.entry.library} does not export the {spec.kind} ABI of spec {spec.name}: {exc}")
     version = lib.fa3gen_abi_version()
     embedded = (lib.fa3gen_spec_json() or b"").decode()
     if version != abi.ABI_VERSION or embedded != spec.canonical_json():

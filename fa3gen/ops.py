@@ -1,4 +1,4 @@
-"""The torch face of fa3gen: ``flash_attn_func`` and the ``fa3gen::fwd`` custom op.
+"""The torch face of fa3gen: ``flash_attn_func`` and the ``fa3gen::fwd`` / ``fa3gen::bwd`` custom ops.
 
 Layout and conventions (FlashAttention's):
 
@@ -15,13 +15,20 @@ Layout and conventions (FlashAttention's):
   else is rejected with a ValueError that says what to do (usually ``.contiguous()``); fa3gen
   never makes a hidden copy.
 * Empty problems launch nothing: batch, nheads or seqlen_q of 0 give empty outputs; seqlen_k of 0
-  gives ``out = 0`` and ``lse = -inf``.
-* Forward only: no autograd formula is registered yet (backward is a later issue). The op runs on
-  inputs that require grad, but calling ``.backward()`` through it raises.
+  gives ``out = 0`` and ``lse = -inf``. Their gradients are zeros, also without a launch.
+* Differentiable: ``fa3gen::fwd`` has an autograd formula that calls ``fa3gen::bwd`` (the backward
+  kernels: dq, dk, dv; head dims 64, 96, 128 with head_dim_v == head_dim so far, plain or causal).
+  ``deterministic=True`` picks the backward kernel that adds dQ contributions in a fixed order
+  (bit-identical gradients run to run, somewhat slower). The output gradient autograd hands over
+  is often not in a layout the kernel takes (the expanded gradient of ``out.sum()``, say); the
+  backward then copies it to a contiguous tensor, the one copy fa3gen makes (of autograd's
+  tensor, not the caller's). Not differentiable yet: the variants (window_size, softcap,
+  alibi_slopes; backward raises NotImplementedError) and lse (a nonzero gradient flowing into lse
+  raises NotImplementedError in eager mode; traced and captured graphs cannot check it and ignore it).
 
-The op allocates its outputs with torch's caching allocator and launches on the current CUDA
-stream without any host synchronization, so it can be captured in a CUDA graph once its kernel
-is compiled (call it once before capturing).
+The ops allocate their outputs (and the backward's scratch) with torch's caching allocator and
+launch on the current CUDA stream without any host synchronization, so they can be captured in a
+CUDA graph once their kernels are compiled (call them once before capturing).
 """
 
 from __future__ import annotations
@@ -33,17 +40,20 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from fa3gen.abi import FwdParams
+from fa3gen.abi import BwdParams, FwdParams
+from fa3gen.spec import BWD_HEAD_DIMS
 from fa3gen.variant_args import VariantArgs
 
 NO_VARIANT = VariantArgs()
 
-__all__ = ["flash_attn_func", "fwd", "run_kernel", "UnsupportedGPUError", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["flash_attn_func", "fwd", "bwd", "run_kernel", "run_bwd_kernel", "UnsupportedGPUError",
+           "SUPPORTED_HEAD_DIMS"]
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _ALIGN_ELEMS = 8  # 16 bytes of a 2-byte dtype: TMA wants 16-byte strides
 _ALIGN_BYTES = 16
+_WORKSPACE_ALIGN_BYTES = 256  # the backward's scratch (abi.h); torch's caching allocator gives 512
 _INT32_MAX = 2**31 - 1
 _REQUIRED_CAPABILITY = (9, 0)
 
@@ -56,22 +66,60 @@ class UnsupportedGPUError(RuntimeError):
 # validation
 # ---------------------------------------------------------------------------------------------
 
-def _check_meta(q: Any, k: Any, v: Any) -> None:
-    """Checks that need only types, dtypes, shapes and strides (fine on fake and meta tensors)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+Named = tuple[tuple[str, Any], ...]  # (name in error messages, tensor)
+
+
+def _check_types(named: Named) -> None:
+    """Each is a 4-dim fp16 or bf16 torch.Tensor."""
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fa3gen: {name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in named:
         if t.dim() != 4:
             raise ValueError(
                 f"fa3gen: {name} must have 4 dims (batch, seqlen, nheads, head_dim), "
                 f"got shape {tuple(t.shape)}"
             )
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in named:
         if t.dtype not in _DTYPES:
             raise TypeError(
                 f"fa3gen: {name} has dtype {t.dtype}; only torch.float16 and torch.bfloat16 are supported"
             )
+
+
+def _layout_problem(name: str, t: torch.Tensor) -> str | None:
+    """Why t's strides do not suit the kernel (TMA), as the error message; None when they do.
+    The last dim must be contiguous and every other stride (of a dim longer than 1) a nonzero
+    multiple of 8 elements."""
+    if t.numel() == 0:
+        return None
+    if t.stride(-1) != 1:
+        return (f"fa3gen: {name} must be contiguous in its last dim (stride 1), got strides "
+                f"{tuple(t.stride())}; call {name}.contiguous()")
+    for dim, what in ((0, "batch"), (1, "seqlen"), (2, "head")):
+        if t.shape[dim] <= 1:
+            continue  # the stride of a size-1 dim is never used
+        st = t.stride(dim)
+        if st == 0:
+            return (f"fa3gen: {name} has a broadcast (stride 0) {what} dim, strides {tuple(t.stride())}; "
+                    f"pass fewer kv heads for GQA/MQA or call {name}.contiguous()")
+        if st % _ALIGN_ELEMS != 0:
+            return (f"fa3gen: {name}'s {what} stride {st} is not a multiple of {_ALIGN_ELEMS} elements "
+                    f"(16 bytes, required by TMA); strides {tuple(t.stride())}; call {name}.contiguous()")
+    return None
+
+
+def _check_layout(named: Named) -> None:
+    for name, t in named:
+        problem = _layout_problem(name, t)
+        if problem is not None:
+            raise ValueError(problem)
+
+
+def _check_meta(q: Any, k: Any, v: Any) -> None:
+    """Checks that need only types, dtypes, shapes and strides (fine on fake and meta tensors)."""
+    named = (("q", q), ("k", k), ("v", v))
+    _check_types(named)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(
             f"fa3gen: q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
@@ -102,46 +150,66 @@ def _check_meta(q: Any, k: Any, v: Any) -> None:
     for name, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", sk), ("nheads_q", hq), ("nheads_kv", hkv)):
         if n > _INT32_MAX:
             raise ValueError(f"fa3gen: {name} = {n} does not fit in int32")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.numel() == 0:
-            continue
-        if t.stride(-1) != 1:
-            raise ValueError(
-                f"fa3gen: {name} must be contiguous in its last dim (stride 1), got strides "
-                f"{tuple(t.stride())}; call {name}.contiguous()"
-            )
-        for dim, what in ((0, "batch"), (1, "seqlen"), (2, "head")):
-            if t.shape[dim] <= 1:
-                continue  # the stride of a size-1 dim is never used
-            st = t.stride(dim)
-            if st == 0:
-                raise ValueError(
-                    f"fa3gen: {name} has a broadcast (stride 0) {what} dim, strides {tuple(t.stride())}; "
-                    f"pass fewer kv heads for GQA/MQA or call {name}.contiguous()"
-                )
-            if st % _ALIGN_ELEMS != 0:
-                raise ValueError(
-                    f"fa3gen: {name}'s {what} stride {st} is not a multiple of {_ALIGN_ELEMS} elements "
-                    f"(16 bytes, required by TMA); strides {tuple(t.stride())}; call {name}.contiguous()"
-                )
+    _check_layout(named)
 
 
-def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_bwd_meta(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
+    """The backward's checks that need only types, dtypes, shapes and strides: q, k, v as in the
+    forward; out and dout (b, sq, hq, dv) in q's dtype under the same stride rules; lse
+    (b, hq, sq) float32 contiguous; a head dim the backward supports."""
+    _check_meta(q, k, v)
+    b, sq, hq, d = q.shape
+    dv = v.shape[-1]
+    if d not in BWD_HEAD_DIMS:
+        raise ValueError(f"fa3gen: backward supports head_dim {', '.join(map(str, BWD_HEAD_DIMS))} so far, "
+                         f"got head_dim {d}")
+    if dv != d:
+        raise ValueError(f"fa3gen: backward supports head_dim_v == head_dim only so far, got head_dim {d}, "
+                         f"head_dim_v {dv}")
+    named = (("out", out), ("dout", dout))
+    _check_types(named)
+    want = (b, sq, hq, dv)
+    for name, t in named:
+        if t.dtype != q.dtype:
+            raise TypeError(f"fa3gen: {name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if tuple(t.shape) != want:
+            raise ValueError(f"fa3gen: {name} must have shape (batch, seqlen_q, nheads_q, head_dim_v) = {want}, "
+                             f"got {tuple(t.shape)}")
+    _check_layout(named)
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"fa3gen: lse must be a torch.Tensor, got {type(lse).__name__}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"fa3gen: lse must be float32 (as the forward returns it), got {lse.dtype}")
+    if tuple(lse.shape) != (b, hq, sq):
+        raise ValueError(f"fa3gen: lse must have shape (batch, nheads_q, seqlen_q) = {(b, hq, sq)}, "
+                         f"got {tuple(lse.shape)}")
+    if not lse.is_contiguous():
+        raise ValueError(f"fa3gen: lse must be contiguous, got strides {tuple(lse.stride())}; call lse.contiguous()")
+
+
+def _check_devices(named: Named) -> None:
     """The tensors must be on one CUDA device."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in named:
         if t.device.type != "cuda":
             raise ValueError(
                 f"fa3gen: {name} is on {t.device}; fa3gen kernels run on CUDA (Hopper) tensors only"
             )
-    if not (q.device == k.device == v.device):
+    device = named[0][1].device
+    if any(t.device != device for _, t in named):
         raise ValueError(
-            f"fa3gen: q, k, v must be on the same device, got q {q.device}, k {k.device}, v {v.device}"
+            f"fa3gen: {', '.join(n for n, _ in named)} must be on the same device, got "
+            + ", ".join(f"{n} {t.device}" for n, t in named)
         )
 
 
-def _check_alignment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v must be on one CUDA device."""
+    _check_devices((("q", q), ("k", k), ("v", v)))
+
+
+def _check_aligned(named: Named) -> None:
     """Base pointers must be 16-byte aligned (TMA). Real tensors only (reads data_ptr)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in named:
         if t.numel() == 0:
             continue
         ptr = t.data_ptr()
@@ -151,6 +219,11 @@ def _check_alignment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                 f"(storage offset {t.storage_offset()} elements; TMA needs 16-byte alignment); "
                 f"call {name}.contiguous() or slice at a multiple of {_ALIGN_ELEMS} elements"
             )
+
+
+def _check_alignment(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v's base pointers must be 16-byte aligned (TMA)."""
+    _check_aligned((("q", q), ("k", k), ("v", v)))
 
 
 _GPU_OK: dict[int, bool] = {}
@@ -175,7 +248,8 @@ def _check_gpu(device: torch.device) -> None:
 # kernels
 # ---------------------------------------------------------------------------------------------
 
-KernelKey = tuple[int, int, str, bool, bool, bool, bool]  # d, dv, dtype, causal, window, softcap, alibi
+# fwd: (d, dv, dtype, causal, window, softcap, alibi); bwd: ("bwd", d, dv, dtype, causal, deterministic)
+KernelKey = tuple[Any, ...]
 _KERNELS: dict[KernelKey, Any] = {}
 _KEY_LOCKS: dict[KernelKey, threading.Lock] = {}
 _KERNELS_LOCK = threading.Lock()
@@ -188,16 +262,10 @@ def _compile_fn():
     return fa3gen.compile
 
 
-def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
-                softcap: bool = False, alibi: bool = False):
-    """The compiled kernel of the registry's default spec for these inputs and built-in variants
-    (memoized). Thread-safe; different keys compile concurrently (one lock per key), so a thread
-    pool can prepare many kernels at once.
-    """
-    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi))
-    kern = _KERNELS.get(key)
-    if kern is not None:
-        return kern
+def _compile_memoized(key: KernelKey, spec_fn: str, args: tuple[Any, ...]):
+    """The kernel of ``fa3gen.registry.<spec_fn>(*args)``, compiled once per key. Thread-safe;
+    different keys compile concurrently (one lock per key), so a thread pool can prepare many
+    kernels at once."""
     with _KERNELS_LOCK:
         lock = _KEY_LOCKS.setdefault(key, threading.Lock())
     with lock:
@@ -205,10 +273,27 @@ def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window
         if kern is None:
             from fa3gen import registry
 
-            spec = registry.default_spec(*key)
+            spec = getattr(registry, spec_fn)(*args)
             kern = _compile_fn()(spec)
             _KERNELS[key] = kern
     return kern
+
+
+def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
+                softcap: bool = False, alibi: bool = False):
+    """The compiled forward kernel of the registry's default spec for these inputs and built-in
+    variants (memoized, thread-safe)."""
+    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi))
+    kern = _KERNELS.get(key)
+    return kern if kern is not None else _compile_memoized(key, "default_spec", key)
+
+
+def _bwd_kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, deterministic: bool = False):
+    """The compiled backward kernel of the registry's default backward spec (memoized, thread-safe)."""
+    args = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(deterministic))
+    key = ("bwd", *args)
+    kern = _KERNELS.get(key)
+    return kern if kern is not None else _compile_memoized(key, "default_bwd_spec", args)
 
 
 def _clear_kernel_memo() -> None:
@@ -340,28 +425,197 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------
-# the custom op
+# backward
+# ---------------------------------------------------------------------------------------------
+
+def _make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float) -> BwdParams:
+    p = BwdParams()
+    p.q, p.k, p.v, p.o, p.dout = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr()
+    p.lse, p.dq, p.dk, p.dv = lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    p.q_batch_stride, p.q_row_stride, p.q_head_stride = _kernel_strides(q)
+    p.k_batch_stride, p.k_row_stride, p.k_head_stride = _kernel_strides(k)
+    p.v_batch_stride, p.v_row_stride, p.v_head_stride = _kernel_strides(v)
+    p.o_batch_stride, p.o_row_stride, p.o_head_stride = _kernel_strides(out)
+    p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride = _kernel_strides(dout)
+    p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = _kernel_strides(dq)
+    p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = _kernel_strides(dk)
+    p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = _kernel_strides(dv)
+    p.batch, p.seqlen_q, p.nheads_q = q.shape[0], q.shape[1], q.shape[2]
+    p.seqlen_k, p.nheads_kv = k.shape[1], k.shape[2]
+    p.softmax_scale = float(softmax_scale)
+    return p
+
+
+def _run_bwd(kernel: Any, params: BwdParams, device: torch.device) -> None:
+    """Allocate the scratch the backward launch asks for on the current stream, then launch."""
+    nbytes = kernel.bwd_workspace_bytes(params)
+    workspace = None  # kept alive until the launch is queued: the caching allocator then keeps it
+    if nbytes > 0:  # from being reused on this stream before the kernels are done with it
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        ptr = workspace.data_ptr()
+        if ptr % _WORKSPACE_ALIGN_BYTES != 0:  # not an assert: it must hold under python -O too
+            raise RuntimeError(f"fa3gen: the backward workspace at 0x{ptr:x} is not "
+                               f"{_WORKSPACE_ALIGN_BYTES}-byte aligned (torch's caching allocator gives 512)")
+        params.workspace = ptr
+    kernel.bwd(params, torch.cuda.current_stream(device).cuda_stream)
+
+
+def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float, causal: bool,
+                deterministic: bool = False, kernel: Any = None) -> None:
+    """Run the backward kernels writing dq (like q), dk (like k) and dv (like v).
+
+    Internal: callers have validated the inputs (``_check_bwd_meta``); dq, dk, dv must satisfy the
+    same stride rules. Used by the op and by the GPU tests (to write into NaN-poisoned buffers).
+    """
+    if kernel is None:  # the registry kernel for these inputs
+        kernel = _bwd_kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), bool(deterministic))
+    params = _make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale)
+    if q.device.index == torch.cuda.current_device():  # the common case: no device switch
+        _run_bwd(kernel, params, q.device)
+        return
+    with torch.cuda.device(q.device):  # the library sizes its scratch and launches on the current device
+        _run_bwd(kernel, params, q.device)
+
+
+def _backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool = False,
+                   kernel: Any = None, meta_checked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate, allocate dq, dk, dv (contiguous, like q, k, v), launch (the registry backward
+    kernel, or `kernel`). Separate from the op so CPU tests can route it."""
+    if not meta_checked:
+        _check_bwd_meta(dout, q, k, v, out, lse)
+    named = (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse))
+    _check_devices(named)
+    b, sq, hq, d = q.shape
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    if b == 0 or sq == 0 or hq == 0 or sk == 0:  # no query sees a key: every gradient is 0
+        return (torch.zeros((b, sq, hq, d), dtype=q.dtype, device=q.device),
+                torch.zeros((b, sk, hkv, d), dtype=k.dtype, device=k.device),
+                torch.zeros((b, sk, hkv, dv), dtype=v.dtype, device=v.device))
+    _check_aligned(named)
+    _check_gpu(q.device)
+    dq = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
+    dv_ = torch.empty((b, sk, hkv, dv), dtype=v.dtype, device=v.device)
+    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv_, softmax_scale, causal, deterministic, kernel)
+    return dq, dk, dv_
+
+
+def run_bwd_kernel(kernel: Any, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, softmax_scale: float | None = None):
+    """Runs one compiled backward kernel (``fa3gen.compile(KernelSpec(kind="bwd", ...))``):
+    returns (dq, dk, dv) for the forward that produced out and lse from q, k, v.
+
+    Same layout and validation as the autograd path; causal and deterministic come from the spec.
+    Not a registered custom op (``torch.compile`` sees a graph break).
+    """
+    spec = kernel.spec
+    if spec.kind != "bwd":
+        raise TypeError(f"fa3gen: kernel {spec.name} is a {spec.kind} kernel; run_bwd_kernel needs kind='bwd'")
+    _check_bwd_meta(dout, q, k, v, out, lse)
+    want = _DTYPES[q.dtype]
+    if (want, q.shape[-1]) != (spec.dtype, spec.head_dim):
+        raise ValueError(
+            f"fa3gen: kernel {spec.name} takes {spec.dtype} with head_dim {spec.head_dim}; got {want} with "
+            f"head_dim {q.shape[-1]}"
+        )
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    return _backward_impl(dout, q, k, v, out, lse, scale, spec.causal, spec.deterministic, kernel, meta_checked=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the custom ops and autograd
 # ---------------------------------------------------------------------------------------------
 
 @torch.library.custom_op("fa3gen::fwd", mutates_args=())
 def fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention forward: returns (out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) fp32)."""
+    """Attention forward: returns (out (b, sq, hq, dv) in q's dtype, lse (b, hq, sq) fp32).
+    `deterministic` does not change the forward (which is deterministic): it picks the kernel of
+    its backward."""
     variant = VariantArgs((window_left, window_right), softcap, alibi_slopes)
     return _forward_impl(q, k, v, softmax_scale, causal, None, variant)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+              deterministic=False):
     _check_meta(q, k, v)
     b, sq, hq, _ = q.shape
     dv = v.shape[-1]
     out = q.new_empty((b, sq, hq, dv))
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     return out, lse
+
+
+@torch.library.custom_op("fa3gen::bwd", mutates_args=())
+def bwd(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, softmax_scale: float, causal: bool, deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward: (dq, dk, dv), contiguous, shaped like q, k, v, in q's dtype. out and lse
+    are the forward's; dout is the gradient of out (same shape, dtype and stride rules)."""
+    return _backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+    _check_bwd_meta(dout, q, k, v, out, lse)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_LSE_GRAD_UNSUPPORTED = ("fa3gen: gradients flowing into lse are not supported yet (the backward kernel "
+                         "differentiates out only); detach lse, or use it outside the differentiated loss")
+
+
+def _fwd_setup_context(ctx, inputs, output) -> None:
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    ctx.variants = [name for name, on in (("window_size", (window_left, window_right) != (-1, -1)),
+                                          ("softcap", softcap > 0), ("alibi_slopes", alibi_slopes is not None)) if on]
+    ctx.set_materialize_grads(False)  # an unused lse gets no gradient (None), not a tensor of zeros
+
+
+def _is_concrete(t: torch.Tensor) -> bool:
+    """A plain eager tensor whose values may be read now (not traced, fake, or under capture)."""
+    if type(t) is not torch.Tensor or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _in_kernel_layout(dout: torch.Tensor) -> torch.Tensor:
+    """Autograd's output gradient as is when the kernel takes its layout, else a contiguous copy.
+    (The gradient of out.sum() is an expanded scalar with all strides 0, and a gradient arriving
+    through a view may be strided or offset.)"""
+    if _layout_problem("dout", dout) is None and (dout.storage_offset() * dout.element_size()) % _ALIGN_BYTES == 0:
+        return dout
+    return dout.clone(memory_format=torch.contiguous_format)
+
+
+def _fwd_backward(ctx, dout, dlse):
+    if ctx.variants:
+        raise NotImplementedError(
+            f"fa3gen: backward of window/softcap/alibi is not implemented yet (this call used "
+            f"{', '.join(ctx.variants)}); only plain and causal attention are differentiable"
+        )
+    q, k, v, out, lse = ctx.saved_tensors
+    if dlse is not None and _is_concrete(dlse) and bool(dlse.ne(0).any()):
+        raise NotImplementedError(_LSE_GRAD_UNSUPPORTED)
+    nones = (None,) * 7  # softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, deterministic
+    if dout is None:
+        if dlse is None:
+            return (None, None, None, *nones)
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fa3gen.bwd(_in_kernel_layout(dout), q, k, v, out, lse, ctx.softmax_scale,
+                                      ctx.causal, ctx.deterministic)
+    return (dq, dk, dv, *nones)
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
 def _eager_fast_path(*tensors: torch.Tensor | None) -> bool:
@@ -385,8 +639,9 @@ def flash_attn_func(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
 ):
-    """FlashAttention-3-style forward attention on Hopper.
+    """FlashAttention-3-style attention on Hopper, differentiable (plain and causal).
 
     Args:
         q: (batch, seqlen_q, nheads_q, head_dim), fp16 or bf16, on a Hopper GPU.
@@ -401,13 +656,21 @@ def flash_attn_func(
         softcap: > 0 soft-caps the scaled scores: score = softcap * tanh(score / softcap).
         alibi_slopes: float32 (nheads_q,) or (batch, nheads_q): adds -slope * |i + sk - sq - j|
             to the scaled score of query i and key j.
+        deterministic: the backward adds the dQ contributions of the key blocks in a fixed order,
+            so gradients are bit-identical run to run (somewhat slower). The forward is always
+            deterministic.
 
     Returns:
         out (batch, seqlen_q, nheads_q, head_dim_v) in q's dtype, or (out, lse) with lse
         (batch, nheads_q, seqlen_q) float32. Rows that see no key: out 0, lse -inf.
 
     Head dims 64, 96, 128, 192, 256. The first call for a (head_dim, head_dim_v, dtype, causal,
-    variants) compiles (or loads from the cache) its kernel. Not differentiable yet.
+    variants) compiles (or loads from the cache) its kernel; so does the first backward.
+
+    Gradients: ``out.backward(...)`` / ``torch.autograd.grad`` give dq, dk, dv through the
+    backward kernels for head dims 64, 96, 128 (head_dim_v == head_dim), plain or causal. The
+    variants (window_size, softcap, alibi_slopes) are forward only: their backward raises
+    NotImplementedError, and so does a nonzero gradient flowing into lse (eager mode).
     """
     _check_meta(q, k, v)
     if softmax_scale is None:
@@ -421,5 +684,5 @@ def flash_attn_func(
     else:
         left, right = (int(w) for w in window_size)
         out, lse = torch.ops.fa3gen.fwd(q, k, v, float(softmax_scale), bool(causal), left, right,
-                                        float(softcap), alibi_slopes)
+                                        float(softcap), alibi_slopes, bool(deterministic))
     return (out, lse) if return_lse else out

@@ -3,7 +3,8 @@
 Same conventions as ``fa3gen.flash_attn_func``: (batch, seqlen, nheads, head_dim) layout, GQA
 (query head h reads kv head h // (nheads_q // nheads_kv)), causal aligned to the bottom-right
 corner (query i sees key j iff j <= i + seqlen_k - seqlen_q), and a query row that sees no key
-gets out = 0 and lse = -inf.
+gets out = 0 and lse = -inf. ``attention_reference_grads`` gives the float64 gradients of plain and
+causal attention.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["attention_reference", "causal_mask"]
+__all__ = ["attention_reference", "attention_reference_grads", "causal_mask"]
 
 # Bytes of float64 scores materialized at once; queries are processed in chunks to stay below.
 _SCORE_BYTES_BUDGET = 1 << 30
@@ -103,3 +104,64 @@ def attention_reference(
         out[:, :, start:stop] = torch.matmul(p, vf)
         lse[:, :, start:stop] = row_lse
     return out.permute(0, 2, 1, 3).contiguous(), lse
+
+
+def attention_reference_grads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of attention (plain or bottom-right causal) in float64 on the tensors' device.
+
+    Args: q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), dout (b, sq, hq, dv), any dtype
+    and strides. Returns (dq, dk, dv) float64, shaped like q, k, v: the gradients of
+    ``attention_reference``'s out for the output gradient dout (GQA: a kv head's gradient sums over
+    its query heads; a query row that sees no key contributes nothing and gets dq = 0).
+
+    Closed form, query chunk by query chunk (no autograd graph; memory stays near the forward's):
+    P = softmax(S), dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)),
+    dQ = scale · dS·K, dK = scale · dSᵀ·Q.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or dout.dim() != 4:
+        raise ValueError("attention_reference_grads: q, k, v, dout must be 4-D (batch, seqlen, nheads, head_dim)")
+    b, sq, hq, d = q.shape
+    _, sk, hkv, _ = k.shape
+    dv = v.shape[-1]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"attention_reference_grads: nheads_q {hq} is not a multiple of nheads_kv {hkv}")
+    if tuple(dout.shape) != (b, sq, hq, dv):
+        raise ValueError(f"attention_reference_grads: dout must have shape {(b, sq, hq, dv)}, got {tuple(dout.shape)}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    group = hq // hkv
+    qf = q.to(torch.float64).permute(0, 2, 1, 3)  # (b, hq, sq, d)
+    kf = k.to(torch.float64).permute(0, 2, 1, 3).repeat_interleave(group, dim=1)  # (b, hq, sk, d)
+    vf = v.to(torch.float64).permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    dof = dout.to(torch.float64).permute(0, 2, 1, 3)  # (b, hq, sq, dv)
+    dq = torch.zeros((b, hq, sq, d), dtype=torch.float64, device=q.device)
+    dk = torch.zeros((b, hq, sk, d), dtype=torch.float64, device=q.device)
+    dvv = torch.zeros((b, hq, sk, dv), dtype=torch.float64, device=q.device)
+    if b and hq and sq and sk:
+        visible = causal_mask(sq, sk, device=q.device) if causal else None
+        chunk = max(1, _SCORE_BYTES_BUDGET // (4 * 8 * b * hq * sk))  # s, p, dp, ds of a chunk at once
+        for start in range(0, sq, chunk):
+            stop = min(sq, start + chunk)
+            qc, doc = qf[:, :, start:stop], dof[:, :, start:stop]
+            s = torch.matmul(qc, kf.transpose(-1, -2)) * softmax_scale
+            if visible is not None:
+                s = s.masked_fill(~visible[start:stop], float("-inf"))
+            row_lse = torch.logsumexp(s, dim=-1, keepdim=True)
+            p = torch.exp(s - torch.where(torch.isfinite(row_lse), row_lse, torch.zeros_like(row_lse)))
+            dvv += torch.matmul(p.transpose(-1, -2), doc)
+            dp = torch.matmul(doc, vf.transpose(-1, -2))
+            rowsum = (doc * torch.matmul(p, vf)).sum(dim=-1, keepdim=True)  # rowsum(dO ∘ O)
+            ds = p * (dp - rowsum)
+            dq[:, :, start:stop] = torch.matmul(ds, kf) * softmax_scale
+            dk += torch.matmul(ds.transpose(-1, -2), qc) * softmax_scale
+    dk = dk.view(b, hkv, group, sk, d).sum(dim=2)
+    dvv = dvv.view(b, hkv, group, sk, dv).sum(dim=2)
+    return (dq.permute(0, 2, 1, 3).contiguous(), dk.permute(0, 2, 1, 3).contiguous(),
+            dvv.permute(0, 2, 1, 3).contiguous())

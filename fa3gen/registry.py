@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from .spec import SUPPORTED_HEAD_DIMS, KernelSpec
+from .spec import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, KernelSpec
 
 _DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
 
 
-def _registry_name(head_dim: int, dtype: str, causal: bool) -> str:
-    return f"fwd_d{head_dim}_{dtype}" + ("_causal" if causal else "")
+def _registry_name(head_dim: int, dtype: str, causal: bool, kind: str = "fwd") -> str:
+    return f"{kind}_d{head_dim}_{dtype}" + ("_causal" if causal else "")
 
 
+# Forward kernels of every head dim, then the backward kernels (non-deterministic) of the head dims
+# the backward supports so far; the deterministic backward kernels are compiled on first use.
 REGISTRY: dict[str, KernelSpec] = {
-    _registry_name(d, dtype, causal): KernelSpec(head_dim=d, dtype=dtype, causal=causal)
-    for d in SUPPORTED_HEAD_DIMS
+    _registry_name(d, dtype, causal, kind): KernelSpec(kind=kind, head_dim=d, dtype=dtype, causal=causal)
+    for kind, dims in (("fwd", SUPPORTED_HEAD_DIMS), ("bwd", BWD_HEAD_DIMS))
+    for d in dims
     for dtype in ("bf16", "fp16")
     for causal in (False, True)
 }
@@ -35,10 +38,8 @@ def display_name(spec: KernelSpec) -> str:
     return registry_name(spec) or spec.name
 
 
-def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
-                 softcap: bool = False, alibi: bool = False) -> KernelSpec:
-    """The spec to use for a problem: the registry's when present, else the per-head-dim defaults
-    (with the built-in variants asked for)."""
+def _canonical_problem(head_dim: int, head_dim_v: int, dtype: str) -> str:
+    """Checks the head dims are ones fa3gen has kernels for; returns the canonical dtype name."""
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
             f"head_dim={head_dim} is not supported: fa3gen kernels exist for head dims {SUPPORTED_HEAD_DIMS}"
@@ -51,11 +52,38 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
     canonical = _DTYPE_ALIASES.get(str(dtype).removeprefix("torch."))
     if canonical is None:
         raise ValueError(f"dtype={dtype!r} is not supported: use 'bf16' or 'fp16'")
+    return canonical
+
+
+def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
+                 softcap: bool = False, alibi: bool = False) -> KernelSpec:
+    """The forward spec to use for a problem: the registry's when present, else the per-head-dim
+    defaults (with the built-in variants asked for)."""
+    canonical = _canonical_problem(head_dim, head_dim_v, dtype)
     if head_dim_v == head_dim and not (window or softcap or alibi):
         return REGISTRY[_registry_name(head_dim, canonical, bool(causal))]
     # A pydantic ValidationError (a ValueError) names the limit if this combination does not fit.
     return KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal),
                       window=bool(window), softcap=bool(softcap), alibi=bool(alibi))
+
+
+def default_bwd_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool,
+                     deterministic: bool = False) -> KernelSpec:
+    """The backward spec (dq, dk, dv) for a problem: the registry's when present, else the
+    backward defaults (deterministic=True: dQ additions in a fixed order, bit-identical runs)."""
+    canonical = _canonical_problem(head_dim, head_dim_v, dtype)
+    if head_dim not in BWD_HEAD_DIMS:
+        raise ValueError(
+            f"backward supports head_dim {', '.join(map(str, BWD_HEAD_DIMS))} so far, got head_dim={head_dim}"
+        )
+    if head_dim_v != head_dim:
+        raise ValueError(
+            f"backward supports head_dim_v == head_dim only so far, got head_dim={head_dim}, "
+            f"head_dim_v={head_dim_v}"
+        )
+    if not deterministic:
+        return REGISTRY[_registry_name(head_dim, canonical, bool(causal), "bwd")]
+    return KernelSpec(kind="bwd", head_dim=head_dim, dtype=canonical, causal=bool(causal), deterministic=True)
 
 
 def resolve(text: str) -> KernelSpec:

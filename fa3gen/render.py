@@ -12,6 +12,7 @@ from . import abi
 from .spec import KernelSpec
 
 ENTRY_TEMPLATE = "fwd_kernel.cu.j2"
+ENTRY_TEMPLATES = {"fwd": ENTRY_TEMPLATE, "bwd": "bwd_kernel.cu.j2"}  # by KernelSpec.kind
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -53,5 +54,5 @@ def _environment(root: Path) -> jinja2.Environment:
 
 def render(spec: KernelSpec) -> str:
     """The CUDA source of one spec. Deterministic: same spec and templates give the same text."""
-    template = _environment(templates_dir()).get_template(ENTRY_TEMPLATE)
+    template = _environment(templates_dir()).get_template(ENTRY_TEMPLATES[spec.kind])
     return template.render(spec=spec, abi_version=abi.ABI_VERSION)

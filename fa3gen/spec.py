@@ -30,6 +30,13 @@ THREADS_PER_WARPGROUP = 128
 # not offered: its launch-time register count is not capped low enough for the split to be sure
 # to be an increase for the consumers, and it was never run on the GPU.
 REGISTER_SPLIT = {2: (40, 232), 3: (32, 160)}
+# The backward's producer warpgroup runs the loads and the dQ writer warp (24 spilled 4-12 B in the
+# writer's loop); its two consumer warpgroups hold dK and dV accumulators for the whole CTA and get
+# the rest. A split must fit what the launch allocates (168 per thread x 384 = 64512): setmaxnreg
+# only moves registers inside that pool, and a request beyond it blocks forever (32/240 hung).
+BWD_REGISTER_SPLIT = (40, 232)
+BWD_HEAD_DIMS = (64, 96, 128)  # dK + dV accumulators of 192/256 need a swapped-operand layout (not yet)
+BWD_BLOCK_M = 64  # query rows per backward step: the M of the dQ WGMMA, one per warpgroup
 # Registers a consumer thread needs beyond its accumulators (addresses, softmax state, indices).
 CONSUMER_REGISTER_OVERHEAD = 32
 
@@ -52,6 +59,18 @@ def _bytes_per_element(dtype: str) -> int:
     return {"fp16": 2, "bf16": 2}.get(dtype, 2)  # an unknown dtype is reported by its own field
 
 
+def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int) -> int:
+    """Backward shared memory: K and V of the CTA's key block, `stages` query blocks of Q, dO, LSE
+    and D, two dS tiles (dQ of one step reads one while the next step writes the other) and the
+    fp32 dQ tile on its way to the accumulator."""
+    e = _bytes_per_element(dtype)
+    kv = block_n * (head_dim + head_dim_v) * e
+    q_do = stages * block_m * (head_dim + head_dim_v) * e + stages * block_m * 2 * 4
+    ds = 2 * block_m * block_n * e
+    dq = block_m * head_dim * 4
+    return kv + q_do + ds + dq + BARRIER_SMEM_BYTES
+
+
 def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
                 epilogue: str) -> int:
     """Shared memory of one CTA: Q, the K/V stages, the O staging tile (TMA epilogue), barriers."""
@@ -63,7 +82,14 @@ def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_
 
 
 class KernelSpec(BaseModel):
-    """One forward attention kernel: shapes of its tiles, its pipeline and its schedule.
+    """One attention kernel: shapes of its tiles, its pipeline and its schedule.
+
+    kind="fwd" is the forward pass. kind="bwd" is the backward pass (dQ, dK, dV) of the forward
+    kernel with the same head dims, dtype and mask: each CTA owns block_n keys of one kv head (64
+    per consumer warpgroup) and walks the query blocks (block_m = 64 rows) of every query head of
+    its GQA group, so dK and dV stay in registers and need no reduction; dQ is accumulated in fp32
+    scratch. deterministic=True orders those dQ additions (bit-identical gradients run to run).
+    The forward-only switches (pingpong, intra_wg_overlap, scheduler, epilogue) do not apply to it.
 
     Fields left as None are filled with the per-head-dim defaults, so two specs that mean the
     same kernel compare, serialize and hash the same.
@@ -71,7 +97,8 @@ class KernelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["fwd"] = "fwd"
+    kind: Literal["fwd", "bwd"] = "fwd"
+    deterministic: bool = False
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
     dtype: Literal["fp16", "bf16"] = "bf16"
@@ -136,6 +163,8 @@ class KernelSpec(BaseModel):
         data = dict(data)
         d = data.get("head_dim")
         causal = bool(data.get("causal", False))
+        if data.get("kind") == "bwd":
+            return cls._fill_bwd_defaults(data)
         if d in SUPPORTED_HEAD_DIMS:
             bm, bn = _DEFAULT_TILES[(d, causal)]
             if data.get("head_dim_v") is None:
@@ -162,8 +191,56 @@ class KernelSpec(BaseModel):
             data["epilogue"] = "tma" if tma_bytes <= SMEM_BUDGET_BYTES else "direct"
         return data
 
+    @classmethod
+    def _fill_bwd_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("head_dim_v") is None:
+            data["head_dim_v"] = data.get("head_dim")
+        nwg = data.get("num_consumer_warpgroups")
+        if data.get("block_n") is None:
+            data["block_n"] = WGMMA_M * (nwg if isinstance(nwg, int) else 2)
+        if nwg is None and isinstance(data.get("block_n"), int):
+            data["num_consumer_warpgroups"] = max(1, data["block_n"] // WGMMA_M)
+        for field, default in (("block_m", BWD_BLOCK_M), ("stages", 2), ("intra_wg_overlap", False),
+                               ("scheduler", "grid"), ("epilogue", "direct")):
+            if data.get(field) is None:
+                data[field] = default
+        return data
+
+    def _check_bwd(self) -> None:
+        bm, bn, d, dv, nwg = self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.num_consumer_warpgroups
+        if d not in BWD_HEAD_DIMS:
+            raise ValueError(f"backward kernels support head_dim {BWD_HEAD_DIMS} so far, got {d}")
+        if dv != d:
+            raise ValueError(f"backward kernels need head_dim_v == head_dim, got {dv} and {d}")
+        if nwg != 2:
+            raise ValueError(f"backward kernels need num_consumer_warpgroups=2, got {nwg}")
+        if bn != WGMMA_M * nwg:
+            raise ValueError(f"backward block_n={bn} must equal 64 * num_consumer_warpgroups ({WGMMA_M * nwg}): "
+                             "each consumer warpgroup owns 64 keys")
+        if bm != BWD_BLOCK_M:
+            raise ValueError(f"backward block_m={bm} must be {BWD_BLOCK_M} (the M of the dQ WGMMA)")
+        fwd_only = [name for name, on in (("pingpong", self.pingpong), ("intra_wg_overlap", self.intra_wg_overlap),
+                                          ("scheduler", self.scheduler != "grid"),
+                                          ("epilogue", self.epilogue != "direct")) if on]
+        if fwd_only:
+            raise ValueError(f"{', '.join(fwd_only)} apply to forward kernels only; leave them unset for kind='bwd'")
+        variants = [name for name, on in (("window", self.window), ("softcap", self.softcap), ("alibi", self.alibi),
+                                          ("score_mod", self.score_mod is not None),
+                                          ("mask_mod", self.mask_mod is not None)) if on]
+        if variants:
+            raise ValueError(f"backward kernels do not support the variants {', '.join(variants)} yet "
+                             "(plain and causal attention only)")
+        if self.smem_bytes > SMEM_BUDGET_BYTES:
+            raise ValueError(f"backward shared memory {self.smem_bytes} B exceeds the {SMEM_BUDGET_BYTES} B budget "
+                             f"(K, V {bn}x{d}, {self.stages} stages of Q, dO {bm}x{d}, dS): lower stages")
+
     @model_validator(mode="after")
     def _check_hardware_limits(self) -> KernelSpec:
+        if self.kind == "bwd":
+            self._check_bwd()
+            return self
+        if self.deterministic:
+            raise ValueError("deterministic applies to backward kernels (kind='bwd'); the forward is deterministic")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None
@@ -211,6 +288,8 @@ class KernelSpec(BaseModel):
     @property
     def smem_bytes(self) -> int:
         assert self.block_m and self.block_n and self.head_dim_v and self.stages and self.epilogue
+        if self.kind == "bwd":
+            return _bwd_smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.stages)
         return _smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v,
                            self.stages, self.epilogue)
 
@@ -248,6 +327,8 @@ class KernelSpec(BaseModel):
     @property
     def register_split(self) -> tuple[int, int]:
         assert self.num_consumer_warpgroups
+        if self.kind == "bwd":
+            return BWD_REGISTER_SPLIT
         return REGISTER_SPLIT[self.num_consumer_warpgroups]
 
     @property
@@ -258,6 +339,8 @@ class KernelSpec(BaseModel):
         sched = ("_pp" if self.pingpong else "") + ("_ov" if self.intra_wg_overlap else "")
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         sched += "_otma" if self.epilogue == "tma" else ""
+        if self.kind == "bwd":
+            sched = "_det" if self.deterministic else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)

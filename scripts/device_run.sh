@@ -10,12 +10,13 @@
 #   bench-*.json   the bench results as JSON, one file per dtype
 #
 # Usage: scripts/device_run.sh [STEP ...]      (default: doctor build sass tests bench)
-#   steps: doctor build sass tests sanitize bench ablation compare variants profile cold all
+#   steps: doctor build sass tests sanitize bench ablation compare variants bwd profile cold all
 #     sanitize  compute-sanitizer ($SANITIZE_TOOLS, default memcheck) on a tiny python run
 #     ablation  `fa3gen bench --ablation` (FA3 paper's ablation through spec switches)
 #     profile   ncu (Speed of Light, compute and memory workload, warp states) of fa3gen and cuDNN on
 #               the cases of $PROFILE_CASES (default "128 512;128 512 causal"): checks.log
 #     variants  examples/variants.py (fp64 checks) and scripts/bench_variants.py (variant timings): bench.md
+#     bwd       scripts/bwd_smoke.py $BWD_ARGS (default --time): backward fp64 checks and TFLOP/s: bench.md
 #     compare   scripts/kernel_smoke.py --time on each spec of $COMPARE_SPECS (JSON specs, ';'-separated):
 #               fp64 checks, then TFLOP/s beside cuDNN in one process (quick A/B of spec variants)
 #     cold      time one spec's cold compile into an empty cache and its warm load (~1-2 min)
@@ -143,6 +144,8 @@ EOF
   for tool in ${SANITIZE_TOOLS:-memcheck}; do
     echo "--- compute-sanitizer --tool $tool ---"
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$PY" "$script" "$PINGPONG_SPEC" || rc=1
+    echo "--- compute-sanitizer --tool $tool (backward) ---"
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$PY" scripts/sanitize_bwd.py || rc=1
   done
   return $rc
 }
@@ -187,6 +190,11 @@ step_profile() {
   return $rc
 }
 
+step_bwd() {
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-300}" "$PY" scripts/bwd_smoke.py ${BWD_ARGS:---time}
+}
+
 step_ablation() {
   timeout "${BENCH_TIMEOUT:-300}" "$PY" -m fa3gen.cli bench --ablation
 }
@@ -210,8 +218,9 @@ for st in "${steps[@]}"; do
     ablation) run_step ablation bench.md step_ablation ;;
     compare) run_step compare bench.md step_compare ;;
     variants) run_step variants bench.md step_variants ;;
+    bwd) run_step bwd bench.md step_bwd ;;
     profile) run_step profile checks.log step_profile ;;
-    *) echo "unknown step: $st (doctor build sass tests sanitize bench ablation cold all)" | tee -a "$OUT/env.log"; failed=1 ;;
+    *) echo "unknown step: $st (doctor build sass tests sanitize bench ablation compare variants bwd profile cold all)" | tee -a "$OUT/env.log"; failed=1 ;;
   esac
 done
 

@@ -28,6 +28,7 @@ def gpu_specs() -> list[KernelSpec]:
     import variants as variant_examples
 
     specs = list(REGISTRY.values())
+    specs += [KernelSpec(**{**s.model_dump(), "deterministic": True}) for s in REGISTRY.values() if s.kind == "bwd"]
     specs += [KernelSpec(head_dim=192, head_dim_v=128, causal=c) for c in (False, True)]  # test_fwd_gpu
     specs += list(test_switches_gpu.SPECS) + [test_switches_gpu.CUSTOM_SPEC]
     specs += list(test_variants_gpu.SPECS)

@@ -19,6 +19,21 @@ MINI_TEMPLATE = textwrap.dedent(
     extern "C" int fa3gen_fwd(const Fa3genFwdParams* p, void* stream) { return 0; }
     """
 )
+# The backward counterpart: exports the bwd pair instead of the fwd pair. Its workspace size is over
+# 2^32 (so a 32-bit return type would show) and its launch fails with error 98 when batch < 0.
+MINI_BWD_TEMPLATE = textwrap.dedent(
+    """\
+    // mini test template (backward): {{ spec.name }}
+    #include "fa3gen/abi.h"
+    extern "C" int fa3gen_abi_version(void) { return {{ abi_version }}; }
+    extern "C" const char* fa3gen_spec_json(void) { return R"FA3GEN({{ spec.canonical_json() }})FA3GEN"; }
+    extern "C" int64_t fa3gen_bwd_workspace_bytes(const Fa3genBwdParams* p) {
+      return ((int64_t)p->seqlen_q << 33) + 256 * (int64_t)p->nheads_q;
+    }
+    __global__ void fa3gen_test_kernel(float* x) { x[threadIdx.x] *= 2.f; }
+    extern "C" int fa3gen_bwd(const Fa3genBwdParams* p, void* stream) { return p->batch < 0 ? 98 : 0; }
+    """
+)
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -31,12 +46,14 @@ def _warm_specs() -> list:
 WARM_SPECS = _warm_specs()  # built once per session by the warm_cache fixture
 
 
-def write_templates(directory: Path, entry_text: str) -> Path:
-    """A template dir with the given entry template and the real plain headers."""
+def write_templates(directory: Path, entry_text: str, bwd_entry_text: str = MINI_BWD_TEMPLATE) -> Path:
+    """A template dir with the given forward entry template, a backward one (the mini one unless
+    given) and the real plain headers."""
     (directory / "include" / "fa3gen").mkdir(parents=True, exist_ok=True)
     abi_h = REPO / "templates" / "include" / "fa3gen" / "abi.h"
     (directory / "include" / "fa3gen" / "abi.h").write_text(abi_h.read_text())
     (directory / "fwd_kernel.cu.j2").write_text(entry_text)
+    (directory / "bwd_kernel.cu.j2").write_text(bwd_entry_text)
     return directory
 
 

@@ -1,8 +1,8 @@
 """Real nvcc compiles for sm_90a, with the ptxas resource report and the SASS checked.
 
-Two specs: the representative one, and the one with the most register pressure (hdim 256, causal:
-a 64x256 fp32 O accumulator per consumer thread group). Slow (about a minute each on two cores,
-built in parallel): the CPU suite's proof that the templates produce Hopper kernels that fit.
+Forward specs (the representative one, the one with the most register pressure, schedule switches
+and variants) and two backward specs. Slow (about a minute each on two cores, built in parallel):
+the CPU suite's proof that the templates produce Hopper kernels that fit.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ SPECS = {
     "d128_custom_relative_bias": KernelSpec(
         head_dim=128, score_mod={"expr": "score + gain * bias(h, q_idx - kv_idx + seqlen_k - 1)", "grad": "1.f"},
         params=[{"kind": "scalar", "name": "gain"}, {"kind": "tensor", "name": "bias", "ndim": 2}]),
+    # Backward: the registry's hdim 128 causal kernel in deterministic mode (the dQ ordering path),
+    # and hdim 96 fp16, whose dQ halves (N = 48) need K's narrower swizzle.
+    "bwd_d128_causal_deterministic": KernelSpec(kind="bwd", head_dim=128, causal=True, deterministic=True),
+    "bwd_d96_fp16": REGISTRY["bwd_d96_fp16"],
 }
 NAMES = list(SPECS)
 
@@ -96,5 +100,9 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
     # The TMA-store epilogue stages O with stmatrix and writes it with a TMA store; direct does neither.
     tma_epilogue = SPECS[name].epilogue == "tma"
     assert ("UTMASTG" in sass) == tma_epilogue and ("STSM" in sass) == tma_epilogue, SPECS[name].epilogue
+    if SPECS[name].kind == "bwd":
+        # dQ leaves through one bulk reduction per tile (UBLKRED), never per-element global atomics.
+        assert "UBLKRED.G.S.ADD.F32" in sass, "no bulk fp32 reduction of the dQ tile"
+        assert not re.search(r"\bREDG?\.E\.ADD\.F32", sass), "per-element dQ atomics"
     local = re.findall(r"\b(LDL|STL)\b", sass)
     assert not local, f"local-memory traffic: {len(local)} LDL/STL instructions"

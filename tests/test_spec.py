@@ -13,6 +13,11 @@ from fa3gen.spec import SMEM_BUDGET_BYTES
 def test_registry_specs_are_valid(name: str) -> None:
     spec = REGISTRY[name]
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
+    assert name.startswith(f"{spec.kind}_d{spec.head_dim}_{spec.dtype}")
+    if spec.kind == "bwd":  # a consumer warpgroup owns 64 keys; one query block is one WGMMA M
+        assert spec.block_n == 64 * spec.num_consumer_warpgroups and spec.block_m == 64
+        assert not spec.deterministic
+        return
     assert spec.block_m == 64 * spec.num_consumer_warpgroups
     assert spec.block_n % 16 == 0
 

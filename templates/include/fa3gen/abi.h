@@ -3,7 +3,7 @@
 #pragma once
 #include <stdint.h>
 
-#define FA3GEN_ABI_VERSION 3
+#define FA3GEN_ABI_VERSION 4
 #define FA3GEN_MAX_SCALAR_ARGS 8
 #define FA3GEN_MAX_TENSOR_ARGS 8
 #define FA3GEN_MAX_TENSOR_DIMS 4
@@ -40,12 +40,44 @@ typedef struct Fa3genFwdParams {
   int64_t tensor_strides[FA3GEN_MAX_TENSOR_ARGS][FA3GEN_MAX_TENSOR_DIMS];  // their strides, in elements
 } Fa3genFwdParams;
 
-// Every kernel library exports these four symbols.
+// Backward problem: the forward's inputs, its output o and lse, the output gradient dout, and the
+// gradients to write (dq like q, dk like k, dv like v). Same layout rules as the forward.
+typedef struct Fa3genBwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;  // (batch, nheads_q, seqlen_q), contiguous, natural log, as the forward wrote it
+  void* dq;
+  void* dk;
+  void* dv;
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t dout_batch_stride, dout_row_stride, dout_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int32_t batch, seqlen_q, seqlen_k, nheads_q, nheads_kv;
+  float softmax_scale;
+  // Device scratch of at least fa3gen_bwd_workspace_bytes(params) bytes, 256-byte aligned, used by
+  // this launch only (fp32 dQ accumulator, per-row softmax statistics, dQ ordering semaphores).
+  void* workspace;
+} Fa3genBwdParams;
+
+// Every kernel library exports these two symbols ...
 int fa3gen_abi_version(void);           // FA3GEN_ABI_VERSION it was built with
 const char* fa3gen_spec_json(void);     // canonical JSON of the KernelSpec it was rendered from
+// ... a forward library (kind "fwd") these two:
 int fa3gen_fwd_workspace_bytes(void);   // scratch fa3gen_fwd needs in params->workspace (0: none)
 // Launches the forward kernel on `stream` (a cudaStream_t). Returns a cudaError_t (0 = success).
 int fa3gen_fwd(const Fa3genFwdParams* params, void* stream);
+// ... and a backward library (kind "bwd") these two:
+int64_t fa3gen_bwd_workspace_bytes(const Fa3genBwdParams* params);  // depends on the problem's sizes
+// Launches the backward kernels (preprocess, main, dQ conversion) on `stream`; returns a cudaError_t.
+int fa3gen_bwd(const Fa3genBwdParams* params, void* stream);
 
 #ifdef __cplusplus
 }

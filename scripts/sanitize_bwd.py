@@ -1,0 +1,29 @@
+"""A tiny backward workload for compute-sanitizer (device_run.sh's sanitize step): ragged, GQA,
+sq != sk, causal and not, deterministic and not, through autograd. Prints one line per case."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fa3gen  # noqa: E402
+
+CASES = [  # b, sq, sk, hq, hkv, d, dtype, causal, deterministic
+    (1, 77, 200, 4, 2, 128, torch.bfloat16, True, False),
+    (2, 150, 70, 2, 1, 64, torch.float16, True, True),
+    (1, 130, 130, 3, 3, 96, torch.bfloat16, False, True),
+    (1, 64, 300, 2, 2, 128, torch.float16, False, False),
+]
+
+for b, sq, sk, hq, hkv, d, dt, causal, det in CASES:
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt, requires_grad=True)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, requires_grad=True)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, requires_grad=True)
+    out = fa3gen.flash_attn_func(q, k, v, causal=causal, deterministic=det)
+    out.backward(torch.randn_like(out))
+    torch.cuda.synchronize()
+    finite = all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+    print("ok", (b, sq, sk, hq, hkv, d, dt, causal, det), "finite grads:", finite, flush=True)

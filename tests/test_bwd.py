@@ -1,0 +1,704 @@
+"""The backward pass on the CPU: bwd specs, the ABI mirror, loading a backward library, the
+``fa3gen::bwd`` op's validation and fake impl, and the autograd formula of ``fa3gen::fwd``.
+
+Where the ops must run, their implementations are routed to the float64 reference on CPU (as in
+test_ops_cpu.py); the kernels themselves are tested in tests/gpu/test_bwd_gpu.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import shutil
+import subprocess
+import types
+
+import pytest
+import torch
+from pydantic import ValidationError
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fa3gen
+from fa3gen import REGISTRY, KernelSpec, abi, ops, registry
+from fa3gen.bench import _parse, attn_bwd_flops, attn_fwd_flops
+from fa3gen.reference import attention_reference, attention_reference_grads
+from fa3gen.spec import SMEM_BUDGET_BYTES
+from fa3gen_testing import MINI_TEMPLATE, REPO, write_templates
+
+
+def qkv(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dtype=torch.bfloat16, device="cpu", requires_grad=False):
+    q = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
+    k = torch.randn(b, sk, hkv, d, dtype=dtype, device=device)
+    v = torch.randn(b, sk, hkv, d, dtype=dtype, device=device)
+    return tuple(t.requires_grad_(requires_grad) for t in (q, k, v))
+
+
+def bwd_inputs(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dtype=torch.bfloat16, device="cpu"):
+    """dout, q, k, v, out, lse of a well-formed backward problem."""
+    q, k, v = qkv(b, sq, sk, hq, hkv, d, dtype, device)
+    out = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
+    dout = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
+    lse = torch.randn(b, hq, sq, dtype=torch.float32, device=device)
+    return dout, q, k, v, out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# specs and the registry
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_bwd_spec_defaults(d):
+    spec = KernelSpec(kind="bwd", head_dim=d)
+    assert spec.kind == "bwd" and not spec.deterministic and not spec.causal
+    assert (spec.head_dim_v, spec.block_m, spec.block_n, spec.stages) == (d, 64, 128, 2)
+    assert spec.num_consumer_warpgroups == 2
+    assert spec.smem_bytes <= SMEM_BUDGET_BYTES
+    assert spec.name.startswith(f"bwd_d{d}_bf16_")
+    assert KernelSpec(kind="bwd", head_dim=d, deterministic=True).name.endswith("_det")
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"kind": "bwd", "head_dim": 192}, r"backward kernels support head_dim \(64, 96, 128\) so far, got 192"),
+        ({"kind": "bwd", "head_dim": 256}, r"backward kernels support head_dim .* got 256"),
+        ({"kind": "bwd", "head_dim": 128, "head_dim_v": 64}, r"head_dim_v == head_dim"),
+        ({"kind": "bwd", "head_dim": 128, "window": True}, r"do not support the variants window"),
+        ({"kind": "bwd", "head_dim": 128, "softcap": True}, r"do not support the variants softcap"),
+        ({"kind": "bwd", "head_dim": 128, "alibi": True}, r"do not support the variants alibi"),
+        ({"kind": "bwd", "head_dim": 64, "score_mod": {"expr": "score"}}, r"do not support the variants score_mod"),
+        ({"kind": "bwd", "head_dim": 64, "mask_mod": {"expr": "kv_idx <= q_idx"}},
+         r"do not support the variants mask_mod"),
+        ({"kind": "bwd", "head_dim": 128, "pingpong": True}, r"pingpong apply to forward kernels only"),
+        ({"kind": "bwd", "head_dim": 128, "scheduler": "lpt"}, r"scheduler apply to forward kernels only"),
+        ({"head_dim": 128, "deterministic": True}, r"deterministic applies to backward kernels"),
+        ({"kind": "both", "head_dim": 128}, r"kind"),
+    ],
+)
+def test_bad_bwd_specs(fields, expected):
+    with pytest.raises(ValidationError, match=expected):
+        KernelSpec(**fields)
+
+
+def test_bwd_spec_identity():
+    fwd = KernelSpec(head_dim=128, causal=True)
+    bwd = KernelSpec(kind="bwd", head_dim=128, causal=True)
+    det = KernelSpec(kind="bwd", head_dim=128, causal=True, deterministic=True)
+    jsons = {s.canonical_json() for s in (fwd, bwd, det)}
+    hashes = {s.content_hash for s in (fwd, bwd, det)}
+    names = {s.name for s in (fwd, bwd, det)}
+    assert len(jsons) == len(hashes) == len(names) == 3
+    for spec in (bwd, det):
+        again = KernelSpec.from_json(spec.canonical_json())
+        assert again == spec and again.content_hash == spec.content_hash
+    # explicit defaults do not change the identity
+    explicit = KernelSpec.from_json('{"kind": "bwd", "head_dim": 128, "causal": true, "block_m": 64, '
+                                    '"block_n": 128, "stages": 2, "deterministic": false}')
+    assert explicit.content_hash == bwd.content_hash
+
+
+def test_registry_holds_the_bwd_specs():
+    bwd = {name: spec for name, spec in REGISTRY.items() if spec.kind == "bwd"}
+    assert sorted(bwd) == sorted(f"bwd_d{d}_{dt}{c}" for d in (64, 96, 128) for dt in ("bf16", "fp16")
+                                 for c in ("", "_causal"))
+    for name, spec in bwd.items():
+        assert spec == KernelSpec(kind="bwd", head_dim=spec.head_dim, dtype=spec.dtype, causal=spec.causal)
+        assert registry.resolve(name) is spec and registry.display_name(spec) == name
+    fwd = [name for name, spec in REGISTRY.items() if spec.kind == "fwd"]
+    assert len(fwd) == 20 and all(name.startswith("fwd_") for name in fwd)
+    assert REGISTRY[registry.REPRESENTATIVE].kind == "fwd"
+
+
+def test_default_bwd_spec():
+    assert registry.default_bwd_spec(128, 128, "bf16", True) is REGISTRY["bwd_d128_bf16_causal"]
+    assert registry.default_bwd_spec(64, 64, "torch.float16", False) is REGISTRY["bwd_d64_fp16"]
+    det = registry.default_bwd_spec(96, 96, "half", True, deterministic=True)
+    assert det == KernelSpec(kind="bwd", head_dim=96, dtype="fp16", causal=True, deterministic=True)
+    with pytest.raises(ValueError, match=r"backward supports head_dim 64, 96, 128 so far, got head_dim=192"):
+        registry.default_bwd_spec(192, 192, "bf16", False)
+    with pytest.raises(ValueError, match=r"backward supports head_dim_v == head_dim only"):
+        registry.default_bwd_spec(128, 64, "bf16", False)
+    with pytest.raises(ValueError, match=r"head_dim=80 is not supported"):
+        registry.default_bwd_spec(80, 80, "bf16", False)
+    with pytest.raises(ValueError, match=r"dtype='fp8' is not supported"):
+        registry.default_bwd_spec(128, 128, "fp8", False)
+
+
+def test_render_bwd_spec():
+    spec = KernelSpec(kind="bwd", head_dim=128, causal=True)
+    source = fa3gen.render(spec)
+    for symbol in ("fa3gen_abi_version", "fa3gen_spec_json", "fa3gen_bwd", "fa3gen_bwd_workspace_bytes"):
+        assert symbol in source
+    assert spec.canonical_json() in source
+    assert source == fa3gen.render(KernelSpec.from_json(spec.canonical_json()))
+    assert fa3gen.render(KernelSpec(kind="bwd", head_dim=128, causal=True, deterministic=True)) != source
+
+
+# ---------------------------------------------------------------------------------------------
+# the ABI mirror
+# ---------------------------------------------------------------------------------------------
+
+_LAYOUT_PROGRAM = """\
+#include <cstddef>
+#include <cstdio>
+#include "fa3gen/abi.h"
+#define FIELD(S, f) std::printf("%s %s %zu %zu\\n", #S, #f, offsetof(S, f), sizeof(((S*)0)->f));
+int main() {
+  std::printf("version %d\\n", FA3GEN_ABI_VERSION);
+  std::printf("limits %d %d %d\\n", FA3GEN_MAX_SCALAR_ARGS, FA3GEN_MAX_TENSOR_ARGS, FA3GEN_MAX_TENSOR_DIMS);
+  std::printf("Fa3genFwdParams sizeof %zu %zu\\n", sizeof(Fa3genFwdParams), alignof(Fa3genFwdParams));
+  std::printf("Fa3genBwdParams sizeof %zu %zu\\n", sizeof(Fa3genBwdParams), alignof(Fa3genBwdParams));
+%FIELDS%
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def c_layout(tmp_path_factory) -> str:
+    """What a C++ compiler makes of abi.h: offsets and sizes of every field ctypes mirrors."""
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to compile abi.h")
+    fields = [f"  FIELD(Fa3gen{cls.__name__}, {name})" for cls in (abi.FwdParams, abi.BwdParams)
+              for name, _ in cls._fields_]
+    tmp = tmp_path_factory.mktemp("abi")
+    (tmp / "layout.cpp").write_text(_LAYOUT_PROGRAM.replace("%FIELDS%", "\n".join(fields)))
+    subprocess.run([cxx, "-std=c++17", f"-I{REPO / 'templates' / 'include'}", str(tmp / "layout.cpp"),
+                    "-o", str(tmp / "layout")], check=True, capture_output=True, text=True)
+    return subprocess.run([str(tmp / "layout")], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("cls", [abi.FwdParams, abi.BwdParams], ids=["fwd", "bwd"])
+def test_params_struct_matches_the_header(c_layout, cls):
+    struct = f"Fa3gen{cls.__name__}"
+    c_fields = {}
+    for line in c_layout.splitlines():
+        parts = line.split()
+        if parts[0] == struct and parts[1] == "sizeof":
+            assert (int(parts[2]), int(parts[3])) == (ctypes.sizeof(cls), ctypes.alignment(cls))
+        elif parts[0] == struct:
+            c_fields[parts[1]] = (int(parts[2]), int(parts[3]))
+    py_fields = {name: (getattr(cls, name).offset, getattr(cls, name).size) for name, _ in cls._fields_}
+    assert py_fields == c_fields
+
+
+def test_bwd_struct_field_order_is_the_headers():
+    """Every field the header declares, in its order (the compile check above can only see the
+    names ctypes knows)."""
+    header = (REPO / "templates" / "include" / "fa3gen" / "abi.h").read_text()
+    body = header[header.index("typedef struct Fa3genBwdParams"):header.index("} Fa3genBwdParams;")]
+    body = re.sub(r"//[^\n]*", "", body.split("{", 1)[1])
+    declared = []
+    for decl in filter(None, (d.strip() for d in body.split(";"))):
+        declarators = re.sub(r"^(const\s+)?\w+\s*\*?", "", decl)  # drop the type: "a, b, c" or "q"
+        declared += [name.strip() for name in declarators.split(",")]
+    assert declared == [name for name, _ in abi.BwdParams._fields_]
+
+
+def test_abi_constants_match_the_header(c_layout):
+    lines = dict(line.split(" ", 1) for line in c_layout.splitlines() if line.split()[0] in ("version", "limits"))
+    assert int(lines["version"]) == abi.ABI_VERSION == 4
+    assert tuple(map(int, lines["limits"].split())) == (abi.MAX_SCALAR_ARGS, abi.MAX_TENSOR_ARGS,
+                                                        abi.MAX_TENSOR_DIMS)
+
+
+def test_bind_rejects_an_unknown_kind():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        abi.bind(types.SimpleNamespace(), "both")
+
+
+# ---------------------------------------------------------------------------------------------
+# loading a backward library (the mini template: seconds per nvcc)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.usefixtures("cache_dir", "mini_templates")
+def test_compiled_bwd_kernel_speaks_the_bwd_abi():
+    kernel = fa3gen.compile(KernelSpec(kind="bwd", head_dim=64, causal=True))
+    assert kernel.kind == "bwd" and kernel.spec.kind == "bwd"
+    p = abi.BwdParams()
+    p.seqlen_q, p.nheads_q = 3, 5
+    assert kernel.bwd_workspace_bytes(p) == (3 << 33) + 256 * 5  # int64 all the way
+    kernel.bwd(p, 0)  # the mini library returns cudaSuccess without touching the GPU
+    p.batch = -1
+    with pytest.raises(RuntimeError, match=rf"{kernel.spec.name} failed: CUDA error 98"):
+        kernel.bwd(p, 0)
+    # the library exports the backward pair only
+    lib = ctypes.CDLL(str(kernel.library_path))
+    assert hasattr(lib, "fa3gen_bwd") and not hasattr(lib, "fa3gen_fwd")
+    assert not hasattr(lib, "fa3gen_fwd_workspace_bytes")
+    # the forward API on a backward kernel is a clear error, and the reverse
+    q = torch.empty(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"is a bwd kernel; kernel\(q, k, v\) .* needs a fwd kernel"):
+        kernel(q, q, q)
+    with pytest.raises(TypeError, match=r"bwd_workspace_bytes\(params\)"):
+        kernel.workspace_bytes
+    with pytest.raises(TypeError, match="needs a fwd kernel"):
+        kernel.fwd(abi.FwdParams(), 0)
+    dout, q, k, v, out, lse = bwd_inputs(d=64)
+    with pytest.raises(ValueError, match="dout is on cpu"):  # kernel.backward validates like the op
+        kernel.backward(dout, q, k, v, out, lse)
+    with pytest.raises(ValueError, match=r"kernel bwd_d64_bf16_causal_\S+ takes bf16 with head_dim 64; got fp16"):
+        kernel.backward(*(t.half() if t.dtype == torch.bfloat16 else t for t in (dout, q, k, v, out, lse)))
+    fwd_kernel = fa3gen.compile(KernelSpec(head_dim=64, causal=True))
+    assert fwd_kernel.kind == "fwd" and fwd_kernel.workspace_bytes == 0
+    for call in (lambda: fwd_kernel.bwd(p, 0), lambda: fwd_kernel.bwd_workspace_bytes(p),
+                 lambda: fwd_kernel.backward(q, q, q, q, q, q)):
+        with pytest.raises(TypeError, match="is a fwd kernel; .* needs a bwd kernel"):
+            call()
+
+
+@pytest.mark.usefixtures("cache_dir")
+def test_library_without_the_bwd_symbols_is_rejected(tmp_path, monkeypatch):
+    """A backward spec rendered into a library that exports the forward pair does not load."""
+    monkeypatch.setenv("FA3GEN_TEMPLATES_DIR", str(write_templates(tmp_path / "t", MINI_TEMPLATE, MINI_TEMPLATE)))
+    with pytest.raises(RuntimeError, match=r"does not export the bwd ABI .*fa3gen_bwd"):
+        fa3gen.compile(KernelSpec(kind="bwd", head_dim=128))
+
+
+# ---------------------------------------------------------------------------------------------
+# validation of the backward op
+# ---------------------------------------------------------------------------------------------
+
+def _bad(**changes):
+    dout, q, k, v, out, lse = bwd_inputs()
+    args = dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    args.update({name: fn(args) for name, fn in changes.items()})
+    return args
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        (_bad(dout=lambda a: a["dout"][:, :4]), ValueError,
+         r"dout must have shape \(batch, seqlen_q, nheads_q, head_dim_v\) = \(2, 5, 4, 64\), got \(2, 4, 4, 64\)"),
+        (_bad(out=lambda a: a["out"][:, :, :2]), ValueError, r"out must have shape .* got \(2, 5, 2, 64\)"),
+        (_bad(dout=lambda a: a["dout"].half()), TypeError, r"dout must have q's dtype torch.bfloat16"),
+        (_bad(dout=lambda a: a["dout"].float()), TypeError, r"dout has dtype torch.float32"),
+        (_bad(out=lambda a: a["out"][0]), ValueError, r"out must have 4 dims"),
+        (_bad(dout=lambda a: [1.0]), TypeError, r"dout must be a torch.Tensor"),
+        (_bad(dout=lambda a: torch.randn(2, 5, 4, 68, dtype=torch.bfloat16)[..., :64]), ValueError,
+         r"dout's head stride 68 is not a multiple of 8"),
+        (_bad(dout=lambda a: torch.randn(1, 1, 1, 64, dtype=torch.bfloat16).expand(2, 5, 4, 64)), ValueError,
+         r"dout has a broadcast \(stride 0\) batch dim"),
+        (_bad(out=lambda a: a["out"].transpose(2, 3).contiguous().transpose(2, 3)), ValueError,
+         r"out must be contiguous in its last dim"),
+        (_bad(lse=lambda a: a["lse"].half()), TypeError, r"lse must be float32"),
+        (_bad(lse=lambda a: a["lse"].transpose(1, 2).contiguous()), ValueError,
+         r"lse must have shape \(batch, nheads_q, seqlen_q\) = \(2, 4, 5\), got \(2, 5, 4\)"),
+        (_bad(lse=lambda a: a["lse"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+         r"lse must be contiguous"),
+        (_bad(lse=lambda a: None), TypeError, r"lse must be a torch.Tensor"),
+        (_bad(k=lambda a: a["k"][:, :, :1].expand(2, 7, 3, 64)), ValueError, r"same number of heads"),
+        (_bad(q=lambda a: a["q"].half()), TypeError, r"q, k, v must share one dtype"),
+        (_bad(), ValueError, r"dout is on cpu; fa3gen kernels run on CUDA"),
+    ],
+    ids=["dout-shape", "out-shape", "dout-dtype", "dout-fp32", "out-rank", "dout-type", "dout-stride",
+         "dout-broadcast", "out-last-dim", "lse-dtype", "lse-shape", "lse-strides", "lse-none", "kv-heads",
+         "q-dtype", "cpu"],
+)
+def test_bwd_op_validates(args, error, match):
+    call = (args["dout"], args["q"], args["k"], args["v"], args["out"], args["lse"], 0.1, False, False)
+    # the op's schema turns away non-tensors itself; its implementation gets the rest
+    impl = torch.ops.fa3gen.bwd if all(isinstance(a, torch.Tensor) for a in call[:6]) else ops._backward_impl
+    with pytest.raises(error, match=match):
+        impl(*call)
+
+
+@pytest.mark.parametrize("d", [192, 256])
+def test_bwd_unsupported_head_dims(d):
+    dout, q, k, v, out, lse = bwd_inputs(d=d, device="meta")
+    with pytest.raises(ValueError, match=rf"backward supports head_dim 64, 96, 128 so far, got head_dim {d}"):
+        ops._check_bwd_meta(dout, q, k, v, out, lse)
+    q, k, v = qkv(d=d, device="meta", requires_grad=True)
+    out = ops.flash_attn_func(q, k, v)  # the forward exists
+    with pytest.raises(ValueError, match="backward supports head_dim 64, 96, 128 so far"):
+        out.sum().backward()
+
+
+def test_bwd_devices_must_match_on_fake_cuda():
+    with FakeTensorMode():
+        dout, q, k, v, out, lse = bwd_inputs(device="cuda:0")
+        with pytest.raises(ValueError, match=r"must be on the same device, got dout cuda:0, .* lse cuda:1"):
+            ops._check_devices((("dout", dout), ("q", q), ("lse", lse.to("cuda:1"))))
+
+
+def test_bwd_fake_impl_shapes():
+    with FakeTensorMode():
+        for dtype in (torch.float16, torch.bfloat16):
+            dout, q, k, v, out, lse = bwd_inputs(b=3, sq=17, sk=113, hq=8, hkv=2, d=128, dtype=dtype, device="cuda")
+            dq, dk, dv = torch.ops.fa3gen.bwd(dout, q, k, v, out, lse, 0.1, True, True)
+            for g, like in ((dq, q), (dk, k), (dv, v)):
+                assert g.shape == like.shape and g.dtype == dtype and g.device.type == "cuda"
+                assert g.is_contiguous()
+        with pytest.raises(ValueError, match="lse must have shape"):
+            torch.ops.fa3gen.bwd(dout, q, k, v, out, torch.empty(3, 8, 3, device="cuda"), 0.1, True, False)
+
+
+def test_autograd_on_meta_tensors():
+    """The autograd formula runs (through the bwd op's fake impl) without a GPU."""
+    q, k, v = qkv(b=2, sq=33, sk=65, hq=4, hkv=2, d=128, device="meta", requires_grad=True)
+    out, lse = ops.flash_attn_func(q, k, v, causal=True, return_lse=True, deterministic=True)
+    assert out.requires_grad and out.grad_fn is not None
+    dq, dk, dv = torch.autograd.grad((out * 2).sum(), (q, k, v))
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert dq.device.type == "meta" and dq.dtype == q.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# the op's implementation: empty problems, kernel selection, params
+# ---------------------------------------------------------------------------------------------
+
+def test_empty_problems_launch_nothing(monkeypatch):
+    monkeypatch.setattr(ops, "_check_devices", lambda named: None)
+    monkeypatch.setattr(ops, "_launch_bwd", lambda *a: pytest.fail("empty problems must not launch"))
+    for b, sq, sk, hq, hkv in [(0, 5, 7, 4, 2), (2, 0, 7, 4, 2), (2, 5, 7, 0, 2), (2, 5, 0, 4, 2)]:
+        dout, q, k, v, out, lse = bwd_inputs(b=b, sq=sq, sk=sk, hq=hq, hkv=hkv)
+        dq, dk, dv = ops._backward_impl(dout, q, k, v, out, lse, 0.1, True, False)
+        for g, like in ((dq, q), (dk, k), (dv, v)):
+            assert g.shape == like.shape and g.dtype == like.dtype and (g == 0).all()
+
+
+class _BwdRecorder:
+    def __init__(self, workspace_bytes=1000):
+        self.specs, self.launches, self.asked = [], [], []
+        self.workspace_bytes = workspace_bytes
+
+    def compile(self, spec):
+        self.specs.append(spec)
+        rec = self
+
+        class K:
+            def bwd_workspace_bytes(self, params):
+                rec.asked.append((params.batch, params.seqlen_q, params.workspace))
+                return rec.workspace_bytes
+
+            def bwd(self, params, stream):
+                rec.launches.append((params, stream))
+
+        return K()
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """fa3gen.compile and the registry swapped for recorders; CPU tensors pass as "the current device"."""
+    import sys
+
+    rec = _BwdRecorder()
+    fake_registry = types.SimpleNamespace(default_bwd_spec=lambda *key: ("bwd spec",) + key)
+    monkeypatch.setitem(sys.modules, "fa3gen.registry", fake_registry)
+    monkeypatch.setattr(fa3gen, "registry", fake_registry, raising=False)
+    monkeypatch.setattr(fa3gen, "compile", rec.compile, raising=False)
+    monkeypatch.setattr(ops, "_KERNELS", {})
+    monkeypatch.setattr(ops, "_WORKSPACE_ALIGN_BYTES", 16)  # CPU allocations are only 64-byte aligned
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: types.SimpleNamespace(cuda_stream=4321))
+    return rec
+
+
+def test_bwd_kernel_selection_memo_and_params(recorder):
+    packed = torch.randn(2, 9, 3, 4, 64, dtype=torch.bfloat16)  # packed qkv views: strided inputs
+    q, k, v = packed[:, :, 0], packed[:, :, 1, :2], packed[:, :, 2, :2]
+    out, dout = (torch.randn(2, 9, 4, 64, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 4, 9)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty(2, 9, 2, 64, dtype=torch.bfloat16)
+    for deterministic in (True, True, False):
+        ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, 0.3, True, deterministic)
+    assert recorder.specs == [("bwd spec", 64, 64, "bf16", True, True), ("bwd spec", 64, 64, "bf16", True, False)]
+    p, stream = recorder.launches[-1]
+    assert stream == 4321
+    assert (p.q, p.k, p.v, p.o, p.dout, p.lse) == tuple(t.data_ptr() for t in (q, k, v, out, dout, lse))
+    assert (p.dq, p.dk, p.dv) == (dq.data_ptr(), dk.data_ptr(), dv.data_ptr())
+    assert (p.q_batch_stride, p.q_row_stride, p.q_head_stride) == (9 * 3 * 4 * 64, 3 * 4 * 64, 64)
+    assert (p.k_batch_stride, p.k_row_stride, p.k_head_stride) == q.stride()[:3]
+    assert (p.v_batch_stride, p.v_row_stride, p.v_head_stride) == q.stride()[:3]
+    for name, t in (("o", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert tuple(getattr(p, f"{name}_{s}_stride") for s in ("batch", "row", "head")) == t.stride()[:3], name
+    assert (p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv) == (2, 9, 9, 4, 2)
+    assert p.softmax_scale == pytest.approx(0.3)
+    assert p.workspace  # the scratch it asked for, sized from the problem (asked before it is set)
+    assert recorder.asked[-1] == (2, 9, None)
+
+
+def test_bwd_workspace_alignment_is_checked(recorder, monkeypatch):
+    monkeypatch.setattr(ops, "_WORKSPACE_ALIGN_BYTES", 1 << 40)
+    dout, q, k, v, out, lse = bwd_inputs()
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    with pytest.raises(RuntimeError, match=r"backward workspace at 0x[0-9a-f]+ is not \d+-byte aligned"):
+        ops._launch_bwd(dout, q, k, v, out, lse, *grads, 0.1, False)
+    assert not recorder.launches
+    recorder.workspace_bytes = 0  # no scratch: none allocated, NULL passed
+    ops._launch_bwd(dout, q, k, v, out, lse, *grads, 0.1, False)
+    assert recorder.launches[-1][0].workspace is None
+
+
+def test_run_bwd_kernel_checks_the_spec():
+    from fa3gen.ops import run_bwd_kernel
+
+    class Fake:
+        def __init__(self, spec):
+            self.spec = spec
+
+    args = bwd_inputs(d=128)
+    with pytest.raises(TypeError, match="is a fwd kernel; run_bwd_kernel needs kind='bwd'"):
+        run_bwd_kernel(Fake(KernelSpec(head_dim=128)), *args)
+    with pytest.raises(ValueError, match=r"takes fp16 with head_dim 128; got bf16 with head_dim 128"):
+        run_bwd_kernel(Fake(KernelSpec(kind="bwd", head_dim=128, dtype="fp16")), *args)
+    with pytest.raises(ValueError, match="fa3gen kernels run on CUDA"):  # right spec, CPU tensors
+        run_bwd_kernel(Fake(KernelSpec(kind="bwd", head_dim=128)), *args)
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd, with the ops routed to the float64 reference on CPU
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cpu_ops(monkeypatch):
+    """Both implementations routed to the reference (validation kept); records the backward calls."""
+    calls = []
+
+    def forward(q, k, v, softmax_scale, causal, kernel=None, variant=ops.NO_VARIANT, meta_checked=False):
+        ops._check_meta(q, k, v)
+        out, lse = attention_reference(q, k, v, softmax_scale, causal, window_size=variant.window_size,
+                                       softcap=variant.softcap, alibi_slopes=variant.alibi_slopes)
+        return out.to(q.dtype), lse.to(torch.float32)
+
+    def backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, kernel=None,
+                 meta_checked=False):
+        ops._check_bwd_meta(dout, q, k, v, out, lse)  # the layout the kernel would get
+        calls.append(dict(scale=softmax_scale, causal=causal, deterministic=deterministic, dout=dout,
+                          saved=(q, k, v, out, lse)))
+        return tuple(g.to(q.dtype) for g in attention_reference_grads(q, k, v, dout, softmax_scale, causal))
+
+    monkeypatch.setattr(ops, "_forward_impl", forward)
+    monkeypatch.setattr(ops, "_backward_impl", backward)
+    return calls
+
+
+def _expected_grads(q, k, v, dout, scale, causal):
+    return tuple(g.to(q.dtype) for g in attention_reference_grads(q.detach(), k.detach(), v.detach(), dout,
+                                                                  scale, causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq, sk, hq, hkv", [(5, 7, 4, 2), (9, 3, 6, 2), (4, 4, 4, 1)])
+def test_autograd_matches_the_reference(cpu_ops, causal, sq, sk, hq, hkv):
+    q, k, v = qkv(sq=sq, sk=sk, hq=hq, hkv=hkv, requires_grad=True)
+    out, lse = ops.flash_attn_func(q, k, v, softmax_scale=0.3, causal=causal, return_lse=True, deterministic=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    (call,) = cpu_ops
+    assert (call["scale"], call["causal"], call["deterministic"]) == (0.3, causal, True)
+    assert torch.equal(call["dout"], dout)
+    saved_q, saved_k, saved_v, saved_out, saved_lse = call["saved"]
+    assert torch.equal(saved_q, q) and torch.equal(saved_out, out) and torch.equal(saved_lse, lse)
+    for got, want in zip((q.grad, k.grad, v.grad), _expected_grads(q, k, v, dout, 0.3, causal)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_autograd_default_scale_and_flag(cpu_ops):
+    q, k, v = qkv(d=128, requires_grad=True)
+    ops.flash_attn_func(q, k, v).float().sum().backward()
+    assert (cpu_ops[-1]["scale"], cpu_ops[-1]["causal"], cpu_ops[-1]["deterministic"]) == (1 / math.sqrt(128),
+                                                                                           False, False)
+
+
+@pytest.mark.parametrize("loss", ["sum", "expanded_weight", "strided_view"])
+def test_autograd_output_gradient_in_any_layout(cpu_ops, loss):
+    """Autograd's dout (an expanded scalar for out.sum(), an expanded weight, a strided view) is
+    copied to a layout the kernel takes; the gradients are those of that dout."""
+    q, k, v = qkv(sq=6, sk=9, hq=4, hkv=2, requires_grad=True)
+    out = ops.flash_attn_func(q, k, v, causal=True)
+    if loss == "sum":
+        out.sum().backward()
+        dout = torch.ones_like(out)
+    elif loss == "expanded_weight":
+        w = torch.randn(1, 1, 4, 64, dtype=out.dtype)
+        (out * w.expand_as(out)).sum().backward()
+        dout = w.expand_as(out)
+    else:  # out feeds a concatenation: its gradient is a strided slice of a wider one
+        wide = torch.cat([torch.zeros(2, 6, 4, 4, dtype=out.dtype), out], dim=-1)
+        w = torch.randn_like(wide)
+        (wide * w).sum().backward()
+        dout = w[..., 4:]
+    given = cpu_ops[-1]["dout"]
+    assert ops._layout_problem("dout", given) is None and given.storage_offset() % 8 == 0
+    assert torch.equal(given, dout)
+    for got, want in zip((q.grad, k.grad, v.grad), _expected_grads(q, k, v, dout, 1 / 8, True)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_contiguous_output_gradient_is_not_copied(cpu_ops):
+    q, k, v = qkv(requires_grad=True)
+    out = ops.flash_attn_func(q, k, v)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert cpu_ops[-1]["dout"].data_ptr() == dout.data_ptr()
+
+
+def test_only_some_inputs_require_grad(cpu_ops):
+    q, k, v = qkv()
+    k.requires_grad_()
+    out = ops.flash_attn_func(q, k, v, causal=True)
+    dout = torch.randn_like(out)
+    (dk,) = torch.autograd.grad(out, (k,), dout)
+    torch.testing.assert_close(dk, _expected_grads(q, k, v, dout, 1 / 8, True)[1], rtol=0, atol=0)
+    assert q.grad is None and v.grad is None
+
+
+@pytest.mark.parametrize("variant", [dict(window_size=(3, 0)), dict(window_size=(-1, 2)), dict(softcap=5.0),
+                                     dict(alibi_slopes="slopes")], ids=["window", "window-right", "softcap", "alibi"])
+def test_variants_have_no_backward_yet(cpu_ops, variant):
+    q, k, v = qkv(requires_grad=True)
+    if variant.get("alibi_slopes") == "slopes":
+        variant = dict(alibi_slopes=torch.rand(4))
+    out = ops.flash_attn_func(q, k, v, causal=True, **variant)  # the forward runs
+    with pytest.raises(NotImplementedError, match=r"backward of window/softcap/alibi is not implemented yet"):
+        out.sum().backward()
+    assert not cpu_ops
+
+
+def test_lse_gradient_is_refused(cpu_ops):
+    q, k, v = qkv(requires_grad=True)
+    out, lse = ops.flash_attn_func(q, k, v, return_lse=True)
+    with pytest.raises(NotImplementedError, match="gradients flowing into lse are not supported"):
+        (out.float().sum() + lse.sum()).backward()
+    out, lse = ops.flash_attn_func(q, k, v, return_lse=True)
+    with pytest.raises(NotImplementedError, match="lse"):
+        lse.sum().backward()
+    # lse returned but unused, or used with a zero gradient: fine
+    out, lse = ops.flash_attn_func(q, k, v, return_lse=True)
+    (out.float().sum() + 0 * lse.sum()).backward()
+    out, lse = ops.flash_attn_func(q, k, v, return_lse=True)
+    out.float().sum().backward()
+    assert len(cpu_ops) == 2
+
+
+def test_no_grad_mode_and_detached_inputs_skip_autograd(cpu_ops):
+    q, k, v = qkv(requires_grad=True)
+    with torch.no_grad():
+        assert ops.flash_attn_func(q, k, v).grad_fn is None
+    assert ops.flash_attn_func(q.detach(), k.detach(), v.detach()).grad_fn is None
+
+
+def test_torch_compile_forward_and_backward(cpu_ops):
+    q, k, v = qkv(sq=6, sk=11, hq=4, hkv=1, requires_grad=True)
+    w = torch.randn(1, 6, 4, 64)
+
+    def f(q, k, v):
+        out = ops.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        return (out.float() * w).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    assert cpu_ops and all(c["deterministic"] for c in cpu_ops)
+    want = torch.autograd.grad(f(q, k, v), (q, k, v))
+    for g, w_ in zip(got, want):
+        torch.testing.assert_close(g, w_, rtol=0, atol=0)
+
+
+def test_opcheck_fwd_with_grad_and_bwd(cpu_ops):
+    q, k, v = qkv(sq=9, sk=13, hq=4, hkv=1, requires_grad=True)
+    # opcheck's aot_dispatch test backpropagates random gradients into every output, lse included,
+    # which the backward refuses (test_lse_gradient_is_refused); test_torch_compile_forward_and_backward
+    # covers the compiled backward instead.
+    torch.library.opcheck(torch.ops.fa3gen.fwd.default, (q, k, v, 0.2, True, -1, -1, 0.0, None, True),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    dout, q, k, v, out, lse = bwd_inputs(sq=9, sk=13, hq=4, hkv=1)
+    torch.library.opcheck(torch.ops.fa3gen.bwd.default, (dout, q, k, v, out, lse, 0.2, True, False))
+
+
+# ---------------------------------------------------------------------------------------------
+# the reference gradients
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq, sk, hq, hkv", [(5, 5, 2, 2), (3, 8, 4, 2), (8, 3, 4, 1), (1, 9, 2, 1), (6, 1, 2, 2)])
+def test_reference_grads_are_autograds(causal, sq, sk, hq, hkv):
+    """The closed form equals autograd through attention_reference (which is differentiable)."""
+    torch.manual_seed(sq * 10 + sk)
+    q = torch.randn(2, sq, hq, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, sk, hkv, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, sk, hkv, 4, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(2, sq, hq, 4, dtype=torch.float64)
+    out, _ = attention_reference(q, k, v, 0.37, causal)
+    want = torch.autograd.grad(out, (q, k, v), dout)
+    got = attention_reference_grads(q.detach(), k.detach(), v.detach(), dout, 0.37, causal)
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float64 and g.shape == w.shape
+        assert torch.isfinite(w).all()
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_grads_chunking_and_empty(monkeypatch):
+    import fa3gen.reference as reference
+
+    q, k, v, dout = (torch.randn(2, 37, 2, 8, dtype=torch.float64) for _ in range(4))
+    full = attention_reference_grads(q, k, v, dout, 0.3, True)
+    monkeypatch.setattr(reference, "_SCORE_BYTES_BUDGET", 4 * 8 * 2 * 2 * 37 * 5)  # 5 rows per chunk
+    torch.testing.assert_close(attention_reference_grads(q, k, v, dout, 0.3, True), full, rtol=1e-12, atol=1e-12)
+    empty = attention_reference_grads(q, k[:, :0], v[:, :0], dout, 0.3, True)
+    assert empty[0].shape == q.shape and (empty[0] == 0).all() and empty[1].shape == (2, 0, 2, 8)
+    # rows that see no key (causal, sq > sk) get dq = 0 and give nothing to dk, dv
+    dq, dk, dv = attention_reference_grads(q, k[:, :4], v[:, :4], dout, 0.3, True)
+    assert (dq[:, :33] == 0).all() and (dq[:, 34:] != 0).all()
+    assert dq[:, 33].abs().max() < 1e-12  # row 33 sees one key: its softmax is constant, dq ~ 0
+    dq2, dk2, dv2 = attention_reference_grads(q[:, 33:], k[:, :4], v[:, :4], dout[:, 33:], 0.3, True)
+    torch.testing.assert_close((dk, dv), (dk2, dv2), rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# bench: the backward mode
+# ---------------------------------------------------------------------------------------------
+
+def test_bench_pass_option_and_bwd_flops():
+    assert attn_bwd_flops(8, 16, 2048, 2048, 128, False) == 2.5 * attn_fwd_flops(8, 16, 2048, 2048, 128, False)
+    assert attn_bwd_flops(8, 16, 2048, 2048, 128, True) == 2.5 * 4 * 8 * 16 * 2048 * 2048 * 128 / 2
+    fwd = _parse([])
+    assert fwd.passes == ("fwd",) and fwd.hdim == "64,128,256"
+    bwd = _parse(["--pass", "bwd"])
+    assert bwd.passes == ("bwd",) and bwd.hdim == "64,128"
+    both = _parse(["--pass", "both", "--hdim", "96"])
+    assert both.passes == ("fwd", "bwd") and both.hdim == "96"
+    with pytest.raises(SystemExit):
+        _parse(["--pass", "sideways"])
+
+
+def test_bench_bwd_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_ops):
+    """The backward bench path on CPU: fa3gen routed to the reference, CUDA events faked; hdim 256
+    has no backward, so only its forward runs."""
+    import json
+
+    from fa3gen import bench
+    from test_ops_cpu import _FakeEvent
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    built = []
+    monkeypatch.setattr(fa3gen, "build_many", lambda specs, jobs=None, progress=None: built.extend(specs) or [],
+                        raising=False)
+    loaded = []
+    monkeypatch.setattr(ops, "_kernel_for", lambda *key: loaded.append(("fwd", *key)))
+    monkeypatch.setattr(ops, "_bwd_kernel_for", lambda *key: loaded.append(("bwd", *key)))
+    monkeypatch.setattr(bench, "_probe_compile", lambda key, cache_dir: {"spec": str(key), "compile_s": 0.0})
+    out_json = tmp_path / "bench.json"
+    rc = bench.main(["--device", "cpu", "--pass", "both", "--hdim", "64,256", "--seqlens", "32", "--total-tokens",
+                     "64", "--hidden", "256", "--causal", "on", "--reps", "2", "--warmup", "1", "--no-matmul",
+                     "--json", str(out_json)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert sorted((s.kind, s.head_dim) for s in built) == [("bwd", 64), ("fwd", 64), ("fwd", 256)]
+    assert sorted(loaded) == [("bwd", 64, 64, "bf16", True), ("fwd", 64, 64, "bf16", True),
+                              ("fwd", 256, 256, "bf16", True)]
+    assert "no backward for head dims [256]" in text
+    assert "| d64 s32 b2 h4 causal bwd |" in text and "| d64 s32 b2 h4 causal fwd |" in text
+    assert "d256 s32 b2 h1 causal bwd" not in text
+    res = json.loads(out_json.read_text())
+    assert [(c["head_dim"], c["pass"]) for c in res["cases"]] == [(64, "fwd"), (64, "bwd"), (256, "fwd")]
+    bwd_case = res["cases"][1]
+    assert bwd_case["flops"] == attn_bwd_flops(2, 4, 32, 32, 64, True)
+    assert bwd_case["results"]["fa3gen"]["tflops"] > 0
+    assert "flash" in bwd_case["results"] and "check_max_abs_diff" in bwd_case, bwd_case
+    assert bwd_case["check_max_abs_diff"] < 0.1  # reference grads vs torch's CPU flash backward
+    assert len(cpu_ops) >= 3  # the check plus warm-up and timed calls went through _backward_impl
