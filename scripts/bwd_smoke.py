@@ -3,6 +3,7 @@ cuDNN and flash backends (FA3 setup: 16k tokens, hidden 2048), all in this proce
 
 A quick loop for kernel authors; the real suite is tests/gpu/test_bwd_gpu.py and `fa3gen bench`.
 Usage: python scripts/bwd_smoke.py [--time] [--hdims 64,96,128] [--dtypes bf16,fp16]
+       python scripts/bwd_smoke.py --spec JSON [--spec JSON ...]   # check and time these bwd specs
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fa3gen import registry  # noqa: E402
+import fa3gen  # noqa: E402
 from fa3gen.bench import attn_fwd_flops, time_cuda_ms  # noqa: E402
 from fa3gen.ops import _backward_impl, _forward_impl  # noqa: E402
 from fa3gen.reference import attention_reference  # noqa: E402
@@ -32,7 +33,7 @@ def reference_grads(q, k, v, dout, scale, causal):
     return torch.autograd.grad(out, (q64, k64, v64), dout.double())
 
 
-def check(d: int, dtype: str, causal: bool, deterministic: bool) -> bool:
+def check(d: int, dtype: str, causal: bool, deterministic: bool, kernel=None) -> bool:
     ok = True
     for b, sq, sk, hq, hkv in SHAPES:
         torch.manual_seed(sq * 7 + sk)
@@ -43,7 +44,7 @@ def check(d: int, dtype: str, causal: bool, deterministic: bool) -> bool:
         dout = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
         scale = 1 / math.sqrt(d)
         out, lse = _forward_impl(q, k, v, scale, causal)
-        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, scale, causal, deterministic)
+        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, scale, causal, deterministic, kernel)
         torch.cuda.synchronize()
         refs = reference_grads(q, k, v, dout, scale, causal)
         errs = []
@@ -51,12 +52,12 @@ def check(d: int, dtype: str, causal: bool, deterministic: bool) -> bool:
             rel = float((g.double() - r).norm() / r.norm().clamp_min(1e-30))
             errs.append(f"{name} {rel:.2e}")
             ok &= bool(torch.isfinite(g).all()) and rel < 2e-2
-        print(f"d{d} {dtype} causal={causal} det={deterministic} b{b} sq{sq} sk{sk} h{hq}/{hkv}: "
+        print(f"{kernel.spec.name + ' ' if kernel else ''}d{d} {dtype} causal={causal} det={deterministic} b{b} sq{sq} sk{sk} h{hq}/{hkv}: "
               + ", ".join(errs), flush=True)
     return ok
 
 
-def time_bwd(d: int, dtype: str, causal: bool) -> None:
+def time_bwd(d: int, dtype: str, causal: bool, kernel=None) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dt = DTYPES[dtype]
@@ -66,8 +67,9 @@ def time_bwd(d: int, dtype: str, causal: bool) -> None:
         scale = 1 / math.sqrt(d)
         out, lse = _forward_impl(q, k, v, scale, causal)
         flops = 2.5 * attn_fwd_flops(b, h, s, s, d, causal)
-        row = [f"d{d} {dtype} s{s}{' causal' if causal else ''}"]
-        ms = time_cuda_ms(lambda: _backward_impl(dout, q, k, v, out, lse, scale, causal, False), 3, 10, 50.0)
+        row = [f"{kernel.spec.name + ' ' if kernel else ''}d{d} {dtype} s{s}{' causal' if causal else ''}"]
+        det = kernel.spec.deterministic if kernel else False
+        ms = time_cuda_ms(lambda: _backward_impl(dout, q, k, v, out, lse, scale, causal, det, kernel), 3, 10, 50.0)
         row.append(f"fa3gen {flops / ms / 1e9:.0f}")
         qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
@@ -87,8 +89,17 @@ def main() -> int:
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--hdims", default="64,96,128")
     ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--spec", action="append", default=[], help="a bwd KernelSpec as JSON (repeatable)")
     args = ap.parse_args()
     ok = True
+    if args.spec:
+        for text in args.spec:
+            kernel = fa3gen.compile(text)
+            spec = kernel.spec
+            ok &= check(spec.head_dim, spec.dtype, spec.causal, spec.deterministic, kernel)
+            time_bwd(spec.head_dim, spec.dtype, spec.causal, kernel)
+        print("ALL OK" if ok else "FAILURES", flush=True)
+        return 0 if ok else 1
     for d in (int(x) for x in args.hdims.split(",")):
         for dtype in args.dtypes.split(","):
             for causal in (False, True):

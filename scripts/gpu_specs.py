@@ -1,5 +1,6 @@
-"""Every kernel spec the GPU work of a device session needs: the registry, the GPU tests' own
-specs, the variant examples', the ablation's variants and the sanitizer's pingpong spec.
+"""Every kernel spec the GPU work of a device session needs: the registry (forward and backward,
+plus the deterministic backward specs), the GPU tests' own specs, the variant examples', the
+ablation's variants and the sanitizer's pingpong spec.
 
 Usage: python scripts/gpu_specs.py            # one JSON spec per line
        python scripts/gpu_specs.py --build -j 16   # compile them all into the cache, in parallel
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu"), str(ROOT / "examples")]
 
 import fa3gen  # noqa: E402
-from fa3gen import REGISTRY, KernelSpec, ablation  # noqa: E402
+from fa3gen import REGISTRY, KernelSpec, ablation, registry  # noqa: E402
 
 PINGPONG_SPEC = KernelSpec(head_dim=128, causal=True, pingpong=True)  # device_run.sh sanitizes it
 
@@ -32,6 +33,8 @@ def gpu_specs() -> list[KernelSpec]:
     specs += [KernelSpec(head_dim=192, head_dim_v=128, causal=c) for c in (False, True)]  # test_fwd_gpu
     specs += list(test_switches_gpu.SPECS) + [test_switches_gpu.CUSTOM_SPEC]
     specs += list(test_variants_gpu.SPECS)
+    # test_bwd_gpu runs each built-in variant's causal registry kernel forward (its backward must raise).
+    specs += [registry.default_spec(128, 128, "bf16", True, **{v: True}) for v in ("window", "softcap", "alibi")]
     specs += [variant_examples.DOCUMENTS_IN_A_WINDOW, variant_examples.SCALED_RELATIVE_BIAS]
     specs += [s for s in ablation.variants().values() if s is not None]
     specs.append(PINGPONG_SPEC)
