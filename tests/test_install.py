@@ -34,8 +34,9 @@ def test_wheel_ships_templates_and_renders(tmp_path: Path) -> None:
     zipfile.ZipFile(wheel).extractall(site)
     code = (
         "import fa3gen; from fa3gen.render import templates_dir; "
-        "print(templates_dir()); print(len(fa3gen.render(fa3gen.REGISTRY['fwd_d128_bf16'])))"
+        "print(templates_dir()); print(len(fa3gen.render(fa3gen.REGISTRY['fwd_d128_bf16']))); "
+        "print(len(fa3gen.render(fa3gen.REGISTRY['bwd_d128_bf16'])))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
                          check=True, capture_output=True, text=True).stdout.split()
-    assert out[0] == str(site / "fa3gen" / "templates") and int(out[1]) > 0
+    assert out[0] == str(site / "fa3gen" / "templates") and int(out[1]) > 0 and int(out[2]) > 0
