@@ -325,6 +325,13 @@ def _kernel_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return _kernel_stride(t, 0), _kernel_stride(t, 1), _kernel_stride(t, 2)
 
 
+def _set_problem(p: FwdParams | BwdParams, q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> None:
+    """The sizes and the softmax scale, fields both ABI structs share."""
+    p.batch, p.seqlen_q, p.nheads_q = q.shape[0], q.shape[1], q.shape[2]
+    p.seqlen_k, p.nheads_kv = k.shape[1], k.shape[2]
+    p.softmax_scale = float(softmax_scale)
+
+
 def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
     p = FwdParams()
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
@@ -332,9 +339,7 @@ def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
     p.k_batch_stride, p.k_row_stride, p.k_head_stride = _kernel_strides(k)
     p.v_batch_stride, p.v_row_stride, p.v_head_stride = _kernel_strides(v)
     p.o_batch_stride, p.o_row_stride, p.o_head_stride = _kernel_strides(out)
-    p.batch, p.seqlen_q, p.nheads_q = q.shape[0], q.shape[1], q.shape[2]
-    p.seqlen_k, p.nheads_kv = k.shape[1], k.shape[2]
-    p.softmax_scale = float(softmax_scale)
+    _set_problem(p, q, k, softmax_scale)
     return p
 
 
@@ -440,9 +445,7 @@ def _make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float) 
     p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride = _kernel_strides(dq)
     p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride = _kernel_strides(dk)
     p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride = _kernel_strides(dv)
-    p.batch, p.seqlen_q, p.nheads_q = q.shape[0], q.shape[1], q.shape[2]
-    p.seqlen_k, p.nheads_kv = k.shape[1], k.shape[2]
-    p.softmax_scale = float(softmax_scale)
+    _set_problem(p, q, k, softmax_scale)
     return p
 
 

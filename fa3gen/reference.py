@@ -27,6 +27,19 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device=None) -> torch.Tensor:
     return j <= i + (seqlen_k - seqlen_q)
 
 
+def _problem(who: str, *tensors: torch.Tensor) -> tuple[int, int, int, int, int, int, int]:
+    """(b, sq, hq, d, sk, hkv, dv) of q, k, v (and more 4-D tensors), checked for rank and GQA."""
+    if any(t.dim() != 4 for t in tensors):
+        names = ", ".join(("q", "k", "v", "dout")[: len(tensors)])
+        raise ValueError(f"{who}: {names} must be 4-D (batch, seqlen, nheads, head_dim)")
+    q, k, v = tensors[:3]
+    b, sq, hq, d = q.shape
+    _, sk, hkv, _ = k.shape
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"{who}: nheads_q {hq} is not a multiple of nheads_kv {hkv}")
+    return b, sq, hq, d, sk, hkv, v.shape[-1]
+
+
 def attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -50,13 +63,7 @@ def attention_reference(
     (1,1,sq,1), (1,1,1,sk)) and return the new scores / a bool mask.
     Returns: out (b, sq, hq, dv) float64 and lse (b, hq, sq) float64 (natural log).
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("attention_reference: q, k, v must be 4-D (batch, seqlen, nheads, head_dim)")
-    b, sq, hq, d = q.shape
-    _, sk, hkv, _ = k.shape
-    dv = v.shape[-1]
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"attention_reference: nheads_q {hq} is not a multiple of nheads_kv {hkv}")
+    b, sq, hq, d, sk, hkv, dv = _problem("attention_reference", q, k, v)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     qf = q.to(torch.float64).permute(0, 2, 1, 3)  # (b, hq, sq, d)
@@ -125,13 +132,7 @@ def attention_reference_grads(
     P = softmax(S), dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)),
     dQ = scale · dS·K, dK = scale · dSᵀ·Q.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or dout.dim() != 4:
-        raise ValueError("attention_reference_grads: q, k, v, dout must be 4-D (batch, seqlen, nheads, head_dim)")
-    b, sq, hq, d = q.shape
-    _, sk, hkv, _ = k.shape
-    dv = v.shape[-1]
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"attention_reference_grads: nheads_q {hq} is not a multiple of nheads_kv {hkv}")
+    b, sq, hq, d, sk, hkv, dv = _problem("attention_reference_grads", q, k, v, dout)
     if tuple(dout.shape) != (b, sq, hq, dv):
         raise ValueError(f"attention_reference_grads: dout must have shape {(b, sq, hq, dv)}, got {tuple(dout.shape)}")
     if softmax_scale is None:
