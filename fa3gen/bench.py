@@ -234,9 +234,10 @@ def _fwd_fns(q, k, v, scale: float, causal: bool):
     return fns, outputs
 
 
-def _bwd_fns(q, k, v, scale: float, causal: bool, gen):
+def _bwd_fns(q, k, v, scale: float, causal: bool, gen, kernel: Any = None):
     """The backward's {impl: fn} (the forward done once beforehand, outside the timing) and
-    {impl: fn -> (dq, dk, dv) in (b, s, h, d)} for the check."""
+    {impl: fn -> (dq, dk, dv) in (b, s, h, d)} for the check. fa3gen runs `kernel` (a compiled
+    backward spec, with its deterministic switch) when given, else the registry's."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -247,7 +248,8 @@ def _bwd_fns(q, k, v, scale: float, causal: bool, gen):
     fns: dict[str, Callable[[], Any]] = {}
     try:
         out, lse = ops._forward_impl(q, k, v, scale, causal)
-        fns["fa3gen"] = lambda: ops._backward_impl(dout, q, k, v, out, lse, scale, causal, False)
+        deterministic = kernel.spec.deterministic if kernel is not None else False
+        fns["fa3gen"] = lambda: ops._backward_impl(dout, q, k, v, out, lse, scale, causal, deterministic, kernel)
     except Exception as e:  # reported as this implementation's error
         fns["fa3gen"] = _failing(e)
 

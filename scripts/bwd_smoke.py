@@ -17,20 +17,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
-from fa3gen.bench import attn_fwd_flops, time_cuda_ms  # noqa: E402
+from fa3gen.bench import PEERS, _bwd_fns, attn_bwd_flops, time_cuda_ms  # noqa: E402
 from fa3gen.ops import _backward_impl, _forward_impl  # noqa: E402
-from fa3gen.reference import attention_reference  # noqa: E402
+from fa3gen.reference import attention_reference_grads  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SHAPES = [  # b, sq, sk, hq, hkv
     (1, 128, 128, 1, 1), (2, 200, 333, 4, 2), (1, 1000, 517, 6, 2), (2, 257, 1031, 2, 1), (1, 2048, 2048, 4, 4),
 ]
-
-
-def reference_grads(q, k, v, dout, scale, causal):
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out, _ = attention_reference(q64, k64, v64, scale, causal)
-    return torch.autograd.grad(out, (q64, k64, v64), dout.double())
 
 
 def check(d: int, dtype: str, causal: bool, deterministic: bool, kernel=None) -> bool:
@@ -46,7 +40,7 @@ def check(d: int, dtype: str, causal: bool, deterministic: bool, kernel=None) ->
         out, lse = _forward_impl(q, k, v, scale, causal)
         dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, scale, causal, deterministic, kernel)
         torch.cuda.synchronize()
-        refs = reference_grads(q, k, v, dout, scale, causal)
+        refs = attention_reference_grads(q, k, v, dout, scale, causal)
         errs = []
         for name, g, r in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
             rel = float((g.double() - r).norm() / r.norm().clamp_min(1e-30))
@@ -58,29 +52,20 @@ def check(d: int, dtype: str, causal: bool, deterministic: bool, kernel=None) ->
 
 
 def time_bwd(d: int, dtype: str, causal: bool, kernel=None) -> None:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    dt = DTYPES[dtype]
+    """TFLOP/s of fa3gen's backward (`kernel`, else the registry's) beside SDPA's cuDNN and flash
+    backward on the FA3 setup, through the bench's own implementations."""
     for s in (512, 2048, 8192, 16384):
         b, h = 16384 // s, 2048 // d
-        q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=dt) for _ in range(4))
-        scale = 1 / math.sqrt(d)
-        out, lse = _forward_impl(q, k, v, scale, causal)
-        flops = 2.5 * attn_fwd_flops(b, h, s, s, d, causal)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dtype], generator=gen) for _ in range(3))
+        fns, _ = _bwd_fns(q, k, v, 1 / math.sqrt(d), causal, gen, kernel)
+        flops = attn_bwd_flops(b, h, s, s, d, causal)
         row = [f"{kernel.spec.name + ' ' if kernel else ''}d{d} {dtype} s{s}{' causal' if causal else ''}"]
-        det = kernel.spec.deterministic if kernel else False
-        ms = time_cuda_ms(lambda: _backward_impl(dout, q, k, v, out, lse, scale, causal, det, kernel), 3, 10, 50.0)
-        row.append(f"fa3gen {flops / ms / 1e9:.0f}")
-        qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
-        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        for impl in ("fa3gen", *PEERS):
             try:
-                with sdpa_kernel(backend):
-                    o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                    g = dout.transpose(1, 2)
-                    ms = time_cuda_ms(lambda: torch.autograd.grad(o, (qt, kt, vt), g, retain_graph=True), 3, 10, 50.0)
-                row.append(f"{name} {flops / ms / 1e9:.0f}")
-            except RuntimeError as e:
-                row.append(f"{name} n/a ({str(e).splitlines()[0][:40]})")
+                row.append(f"{impl} {flops / time_cuda_ms(fns[impl], 3, 10, 50.0) / 1e9:.0f}")
+            except Exception as e:  # e.g. a backend that does not take the case
+                row.append(f"{impl} n/a ({(str(e).splitlines() or [type(e).__name__])[0][:40]})")
         print(" | ".join(row), flush=True)
 
 

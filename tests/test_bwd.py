@@ -670,18 +670,12 @@ def test_bench_bwd_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_ops):
     import json
 
     from fa3gen import bench
-    from test_ops_cpu import _FakeEvent
+    from test_ops_cpu import fake_gpu_for_bench
 
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    built = []
-    monkeypatch.setattr(fa3gen, "build_many", lambda specs, jobs=None, progress=None: built.extend(specs) or [],
-                        raising=False)
+    built = fake_gpu_for_bench(monkeypatch)
     loaded = []
     monkeypatch.setattr(ops, "_kernel_for", lambda *key: loaded.append(("fwd", *key)))
     monkeypatch.setattr(ops, "_bwd_kernel_for", lambda *key: loaded.append(("bwd", *key)))
-    monkeypatch.setattr(bench, "_probe_compile", lambda key, cache_dir: {"spec": str(key), "compile_s": 0.0})
     out_json = tmp_path / "bench.json"
     rc = bench.main(["--device", "cpu", "--pass", "both", "--hdim", "64,256", "--seqlens", "32", "--total-tokens",
                      "64", "--hidden", "256", "--causal", "on", "--reps", "2", "--warmup", "1", "--no-matmul",

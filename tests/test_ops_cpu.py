@@ -481,21 +481,30 @@ class _FakeEvent:
         return (other.t - self.t) * 1e3
 
 
-def test_bench_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_op):
-    """The whole bench path on CPU: fa3gen routed to the reference, CUDA events faked."""
-    import json
-
+def fake_gpu_for_bench(monkeypatch) -> list:
+    """Lets `fa3gen bench` run on CPU: CUDA events and syncs faked, no builds (the specs it would
+    build are collected in the returned list), no compile probe."""
     import fa3gen
     from fa3gen import bench
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    built = []
+    built: list = []
     monkeypatch.setattr(fa3gen, "build_many", lambda specs, jobs=None, progress=None: built.extend(specs) or [],
                         raising=False)
-    monkeypatch.setattr(ops, "_kernel_for", lambda *key: object())
     monkeypatch.setattr(bench, "_probe_compile", lambda key, cache_dir: {"spec": str(key), "compile_s": 0.0})
+    return built
+
+
+def test_bench_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_op):
+    """The whole bench path on CPU: fa3gen routed to the reference, CUDA events faked."""
+    import json
+
+    from fa3gen import bench
+
+    built = fake_gpu_for_bench(monkeypatch)
+    monkeypatch.setattr(ops, "_kernel_for", lambda *key: object())
     out_json = tmp_path / "bench.json"
     rc = bench.main(["--device", "cpu", "--hdim", "64,128", "--seqlens", "32,64", "--total-tokens", "64",
                      "--hidden", "256", "--reps", "2", "--warmup", "1", "--no-matmul", "--cold-compile",

@@ -1,4 +1,5 @@
-"""The GPU tests' shared check: launch into NaN-poisoned outputs, compare with float64."""
+"""The GPU tests' shared pieces: prebuilding their kernels, and the check that launches into
+NaN-poisoned outputs and compares with float64."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ import torch
 
 from fa3gen.ops import _launch
 from fa3gen.reference import attention_reference
+
+
+def prebuild(specs) -> None:
+    """Build (or load) a module's kernels once, in parallel, before its tests. A failure is only
+    printed: the failing specs' tests report it, the others still run."""
+    import fa3gen
+
+    try:
+        fa3gen.build_many(specs)
+    except Exception as e:
+        print(f"warning: prebuilding kernels failed: {e}")
 
 
 def check_poisoned_launch(q, k, v, causal, kernel, variant, tol, lse_tol=1e-3, **reference_variant):
