@@ -6,8 +6,7 @@ implementation runs on the same inputs, timed with CUDA events after a warm-up; 
 the repetitions counts. FLOPs of the forward: 4 * batch * nheads * seqlen_q * seqlen_k * head_dim,
 halved when causal (the FA convention).
 
-`--pass bwd` (or `both`) times the backward instead (or as well), on head dims 64 and 128 by
-default (the backward supports 64, 96, 128 so far): fa3gen's op-level backward (validation,
+`--pass bwd` (or `both`) times the backward instead (or as well): fa3gen's op-level backward (validation,
 allocation and the backward kernels, given q, k, v, dout and the out and lse of one forward done
 beforehand) against ``torch.autograd.grad`` of an SDPA output computed once with the same backend.
 FLOPs of the backward: 2.5 times the forward's (FA's convention: 5 matmuls to the forward's 2).
@@ -32,7 +31,6 @@ from typing import Any, Callable
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_HDIMS = (64, 128, 256)
-DEFAULT_BWD_HDIMS = (64, 128)
 PASSES = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd")}
 PEERS = ("cudnn", "flash")
 PEER_TITLES = {"fa3gen": "fa3gen", "cudnn": "cuDNN", "flash": "FA2"}
@@ -75,8 +73,7 @@ def _int_list(text: str) -> list[int]:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="fa3gen bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--hdim", default=None,
-                    help="head dims, comma list (default 64,128,256; 64,128 with --pass bwd or both)")
+    ap.add_argument("--hdim", default=",".join(map(str, DEFAULT_HDIMS)), help="head dims, comma list")
     ap.add_argument("--pass", dest="passes", choices=tuple(PASSES), default="fwd",
                     help="time the forward (default), the backward, or both")
     ap.add_argument("--seqlens", default="512,1k,2k,4k,8k,16k", help="seqlens, comma list (k = 1024)")
@@ -102,8 +99,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # tests: a dry run on cpu
     args = ap.parse_args(argv)
     args.passes = PASSES[args.passes]
-    if args.hdim is None:
-        args.hdim = ",".join(map(str, DEFAULT_HDIMS if args.passes == ("fwd",) else DEFAULT_BWD_HDIMS))
     return args
 
 
@@ -347,8 +342,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(list(sys.argv[1:] if argv is None else argv))
     import torch
 
-    from fa3gen.spec import BWD_HEAD_DIMS
-
     if args.device == "cuda":
         if not torch.cuda.is_available():
             print("fa3gen bench: no CUDA device; the benchmark needs a Hopper GPU", file=sys.stderr)
@@ -373,10 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal]
     cases = bench_cases(hdims, seqlens, causals, args.total_tokens, args.hidden)
     keys = sorted({(d, d, args.dtype, c) for d, _, _, _, c in cases})
-    bwd_keys = [key for key in keys if key[0] in BWD_HEAD_DIMS] if "bwd" in args.passes else []
-    if "bwd" in args.passes and len(bwd_keys) < len(keys):
-        print(f"note: no backward for head dims {sorted({d for d, *_ in keys} - set(BWD_HEAD_DIMS))} "
-              f"(the backward supports {BWD_HEAD_DIMS} so far): their bwd cases are skipped", flush=True)
+    bwd_keys = keys if "bwd" in args.passes else []
     result: dict[str, Any] = {
         "meta": {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
                  "cudnn": torch.backends.cudnn.version(), "dtype": args.dtype,
@@ -422,8 +412,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for d, s, b, h, causal in cases:
         for pass_ in args.passes:
-            if pass_ == "bwd" and d not in BWD_HEAD_DIMS:
-                continue
             entry, row = _run_case(args, dev, dtype, d, s, b, h, causal, pass_, result.get("matmul_bf16_8192_tflops"))
             rows.append(row)
             result["cases"].append(entry)

@@ -17,7 +17,7 @@ Layout and conventions (FlashAttention's):
 * Empty problems launch nothing: batch, nheads or seqlen_q of 0 give empty outputs; seqlen_k of 0
   gives ``out = 0`` and ``lse = -inf``. Their gradients are zeros, also without a launch.
 * Differentiable: ``fa3gen::fwd`` has an autograd formula that calls ``fa3gen::bwd`` (the backward
-  kernels: dq, dk, dv; head dims 64, 96, 128 with head_dim_v == head_dim so far, plain or causal).
+  kernels: dq, dk, dv; every head dim with head_dim_v == head_dim, plain or causal).
   ``deterministic=True`` picks the backward kernel that adds dQ contributions in a fixed order
   (bit-identical gradients run to run, somewhat slower). The output gradient autograd hands over
   is often not in a layout the kernel takes (the expanded gradient of ``out.sum()``, say); the
@@ -41,7 +41,6 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fa3gen.abi import BwdParams, FwdParams
-from fa3gen.spec import BWD_HEAD_DIMS
 from fa3gen.variant_args import VariantArgs
 
 NO_VARIANT = VariantArgs()
@@ -156,13 +155,10 @@ def _check_meta(q: Any, k: Any, v: Any) -> None:
 def _check_bwd_meta(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
     """The backward's checks that need only types, dtypes, shapes and strides: q, k, v as in the
     forward; out and dout (b, sq, hq, dv) in q's dtype under the same stride rules; lse
-    (b, hq, sq) float32 contiguous; a head dim the backward supports."""
+    (b, hq, sq) float32 contiguous; head_dim_v == head_dim."""
     _check_meta(q, k, v)
     b, sq, hq, d = q.shape
     dv = v.shape[-1]
-    if d not in BWD_HEAD_DIMS:
-        raise ValueError(f"fa3gen: backward supports head_dim {', '.join(map(str, BWD_HEAD_DIMS))} so far, "
-                         f"got head_dim {d}")
     if dv != d:
         raise ValueError(f"fa3gen: backward supports head_dim_v == head_dim only so far, got head_dim {d}, "
                          f"head_dim_v {dv}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .spec import BWD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, KernelSpec
+from .spec import SUPPORTED_HEAD_DIMS, KernelSpec
 
 _DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
 
@@ -11,12 +11,12 @@ def _registry_name(head_dim: int, dtype: str, causal: bool, kind: str = "fwd") -
     return f"{kind}_d{head_dim}_{dtype}" + ("_causal" if causal else "")
 
 
-# Forward kernels of every head dim, then the backward kernels (non-deterministic) of the head dims
-# the backward supports so far; the deterministic backward kernels are compiled on first use.
+# Forward kernels of every head dim, then the backward kernels (non-deterministic); the deterministic
+# backward kernels are compiled on first use.
 REGISTRY: dict[str, KernelSpec] = {
     _registry_name(d, dtype, causal, kind): KernelSpec(kind=kind, head_dim=d, dtype=dtype, causal=causal)
-    for kind, dims in (("fwd", SUPPORTED_HEAD_DIMS), ("bwd", BWD_HEAD_DIMS))
-    for d in dims
+    for kind in ("fwd", "bwd")
+    for d in SUPPORTED_HEAD_DIMS
     for dtype in ("bf16", "fp16")
     for causal in (False, True)
 }
@@ -72,10 +72,6 @@ def default_bwd_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool,
     """The backward spec (dq, dk, dv) for a problem: the registry's when present, else the
     backward defaults (deterministic=True: dQ additions in a fixed order, bit-identical runs)."""
     canonical = _canonical_problem(head_dim, head_dim_v, dtype)
-    if head_dim not in BWD_HEAD_DIMS:
-        raise ValueError(
-            f"backward supports head_dim {', '.join(map(str, BWD_HEAD_DIMS))} so far, got head_dim={head_dim}"
-        )
     if head_dim_v != head_dim:
         raise ValueError(
             f"backward supports head_dim_v == head_dim only so far, got head_dim={head_dim}, "

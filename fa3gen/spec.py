@@ -35,7 +35,10 @@ REGISTER_SPLIT = {2: (40, 232), 3: (32, 160)}
 # the rest. A split must fit what the launch allocates (168 per thread x 384 = 64512): setmaxnreg
 # only moves registers inside that pool, and a request beyond it blocks forever (32/240 hung).
 BWD_REGISTER_SPLIT = (40, 232)
-BWD_HEAD_DIMS = (64, 96, 128)  # dK + dV accumulators of 192/256 need a swapped-operand layout (not yet)
+# Head dims up to this one may give each backward consumer warpgroup 64 keys of its own (block_n 128):
+# its fp32 dK and dV then span the whole head dim, 2 * 64 * d / 128 = d registers per thread, which
+# leaves room for Sᵀ, dPᵀ and dQ only up to 128. Wider heads split the head dim instead (block_n 64).
+BWD_MAX_KEYS_SPLIT_HEAD_DIM = 128
 BWD_BLOCK_M = 64  # query rows per backward step: the M of the dQ WGMMA, one per warpgroup
 # Registers a consumer thread needs beyond its accumulators (addresses, softmax state, indices).
 CONSUMER_REGISTER_OVERHEAD = 32
@@ -59,16 +62,19 @@ def _bytes_per_element(dtype: str) -> int:
     return {"fp16": 2, "bf16": 2}.get(dtype, 2)  # an unknown dtype is reported by its own field
 
 
-def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int) -> int:
+def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
+                    dq_accumulate: str = "writer") -> int:
     """Backward shared memory: K and V of the CTA's key block, `stages` query blocks of Q, dO, LSE
-    and D, two dS tiles (dQ of one step reads one while the next step writes the other) and the
+    and D, two dS tiles (dQ of one step reads one while the next step writes the other), two P
+    tiles when the warpgroups split the head dim (block_n 64), and (dq_accumulate="writer") the
     fp32 dQ tile on its way to the accumulator."""
     e = _bytes_per_element(dtype)
     kv = block_n * (head_dim + head_dim_v) * e
     q_do = stages * block_m * (head_dim + head_dim_v) * e + stages * block_m * 2 * 4
     ds = 2 * block_m * block_n * e
-    dq = block_m * head_dim * 4
-    return kv + q_do + ds + dq + BARRIER_SMEM_BYTES
+    p = ds if block_n == WGMMA_M else 0
+    dq = block_m * head_dim * 4 if dq_accumulate == "writer" else 0
+    return kv + q_do + ds + p + dq + BARRIER_SMEM_BYTES
 
 
 def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
@@ -86,7 +92,8 @@ class KernelSpec(BaseModel):
 
     kind="fwd" is the forward pass. kind="bwd" is the backward pass (dQ, dK, dV) of the forward
     kernel with the same head dims, dtype and mask: each CTA owns block_n keys of one kv head (64
-    per consumer warpgroup) and walks the query blocks (block_m = 64 rows) of every query head of
+    per consumer warpgroup for head dims up to 128; 64 shared by both, which split the head dim,
+    for 192 and 256, or when block_n=64 is asked for) and walks the query blocks (block_m = 64 rows) of every query head of
     its GQA group, so dK and dV stay in registers and need no reduction; dQ is accumulated in fp32
     scratch. deterministic=True orders those dQ additions (bit-identical gradients run to run).
     The forward-only switches (pingpong, intra_wg_overlap, scheduler, epilogue) do not apply to it.
@@ -99,6 +106,12 @@ class KernelSpec(BaseModel):
 
     kind: Literal["fwd", "bwd"] = "fwd"
     deterministic: bool = False
+    # Backward: how each step's fp32 dQ tile is added into the accumulator. "writer": through shared
+    # memory to a writer warp, one bulk reduction per tile (the consumers never wait on global
+    # memory; the only way with deterministic=True). "atomic": the consumers add it with 16-byte
+    # atomics straight from registers, which frees the tile's shared memory (64 KiB at hdim 256).
+    # None: "writer". Left out of a forward spec's identity.
+    dq_accumulate: Literal["writer", "atomic"] | None = None
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
     dtype: Literal["fp16", "bf16"] = "bf16"
@@ -193,30 +206,38 @@ class KernelSpec(BaseModel):
 
     @classmethod
     def _fill_bwd_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
+        d = data.get("head_dim")
         if data.get("head_dim_v") is None:
-            data["head_dim_v"] = data.get("head_dim")
-        nwg = data.get("num_consumer_warpgroups")
+            data["head_dim_v"] = d
+        if data.get("num_consumer_warpgroups") is None:
+            data["num_consumer_warpgroups"] = 2
+        nwg = data["num_consumer_warpgroups"]
         if data.get("block_n") is None:
-            data["block_n"] = WGMMA_M * (nwg if isinstance(nwg, int) else 2)
-        if nwg is None and isinstance(data.get("block_n"), int):
-            data["num_consumer_warpgroups"] = max(1, data["block_n"] // WGMMA_M)
-        for field, default in (("block_m", BWD_BLOCK_M), ("stages", 2), ("intra_wg_overlap", False),
-                               ("scheduler", "grid"), ("epilogue", "direct")):
+            wide = isinstance(d, int) and d > BWD_MAX_KEYS_SPLIT_HEAD_DIM
+            data["block_n"] = WGMMA_M if wide else WGMMA_M * (nwg if isinstance(nwg, int) else 2)
+        for field, default in (("block_m", BWD_BLOCK_M), ("intra_wg_overlap", False),
+                               ("scheduler", "grid"), ("epilogue", "direct"), ("dq_accumulate", "writer")):
             if data.get(field) is None:
                 data[field] = default
+        if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile)
+            sizes = (data.get("block_m"), data.get("block_n"), d, data.get("head_dim_v"))
+            fits = all(isinstance(x, int) for x in sizes) and _bwd_smem_bytes(
+                str(data.get("dtype", "bf16")), *sizes, 2, str(data["dq_accumulate"])) <= SMEM_BUDGET_BYTES  # type: ignore[arg-type]
+            data["stages"] = 2 if fits or not all(isinstance(x, int) for x in sizes) else 1
         return data
 
     def _check_bwd(self) -> None:
         bm, bn, d, dv, nwg = self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.num_consumer_warpgroups
-        if d not in BWD_HEAD_DIMS:
-            raise ValueError(f"backward kernels support head_dim {BWD_HEAD_DIMS} so far, got {d}")
         if dv != d:
             raise ValueError(f"backward kernels need head_dim_v == head_dim, got {dv} and {d}")
         if nwg != 2:
             raise ValueError(f"backward kernels need num_consumer_warpgroups=2, got {nwg}")
-        if bn != WGMMA_M * nwg:
-            raise ValueError(f"backward block_n={bn} must equal 64 * num_consumer_warpgroups ({WGMMA_M * nwg}): "
-                             "each consumer warpgroup owns 64 keys")
+        if bn not in (WGMMA_M, WGMMA_M * nwg):
+            raise ValueError(f"backward block_n={bn} must be {WGMMA_M * nwg} (each consumer warpgroup owns 64 keys) "
+                             f"or {WGMMA_M} (the warpgroups share 64 keys and split the head dim)")
+        if bn != WGMMA_M and d > BWD_MAX_KEYS_SPLIT_HEAD_DIM:
+            raise ValueError(f"backward head_dim {d} needs block_n={WGMMA_M}: fp32 dK and dV of 64 keys x {d} "
+                             f"per warpgroup do not fit in registers beside the other accumulators")
         if bm != BWD_BLOCK_M:
             raise ValueError(f"backward block_m={bm} must be {BWD_BLOCK_M} (the M of the dQ WGMMA)")
         fwd_only = [name for name, on in (("pingpong", self.pingpong), ("intra_wg_overlap", self.intra_wg_overlap),
@@ -230,6 +251,8 @@ class KernelSpec(BaseModel):
         if variants:
             raise ValueError(f"backward kernels do not support the variants {', '.join(variants)} yet "
                              "(plain and causal attention only)")
+        if self.deterministic and self.dq_accumulate != "writer":
+            raise ValueError("deterministic=True needs dq_accumulate='writer' (the writer warp orders the additions)")
         if self.smem_bytes > SMEM_BUDGET_BYTES:
             raise ValueError(f"backward shared memory {self.smem_bytes} B exceeds the {SMEM_BUDGET_BYTES} B budget "
                              f"(K, V {bn}x{d}, {self.stages} stages of Q, dO {bm}x{d}, dS): lower stages")
@@ -241,6 +264,8 @@ class KernelSpec(BaseModel):
             return self
         if self.deterministic:
             raise ValueError("deterministic applies to backward kernels (kind='bwd'); the forward is deterministic")
+        if self.dq_accumulate is not None:
+            raise ValueError("dq_accumulate applies to backward kernels (kind='bwd')")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None
@@ -289,9 +314,16 @@ class KernelSpec(BaseModel):
     def smem_bytes(self) -> int:
         assert self.block_m and self.block_n and self.head_dim_v and self.stages and self.epilogue
         if self.kind == "bwd":
-            return _bwd_smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.stages)
+            return _bwd_smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.stages,
+                                   str(self.dq_accumulate))
         return _smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v,
                            self.stages, self.epilogue)
+
+    @property
+    def bwd_splits_head_dim(self) -> bool:
+        """Backward: the consumer warpgroups share the CTA's 64 keys and split the head dim of dK,
+        dV (and the query columns of Sᵀ, dPᵀ), rather than owning 64 keys each."""
+        return self.kind == "bwd" and self.block_n == WGMMA_M
 
     @property
     def consumer_registers_estimate(self) -> int:
@@ -340,7 +372,7 @@ class KernelSpec(BaseModel):
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         sched += "_otma" if self.epilogue == "tma" else ""
         if self.kind == "bwd":
-            sched = "_det" if self.deterministic else ""
+            sched = ("_det" if self.deterministic else "") + ("_dqatomic" if self.dq_accumulate == "atomic" else "")
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)
@@ -349,8 +381,10 @@ class KernelSpec(BaseModel):
         )
 
     def canonical_json(self) -> str:
-        """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace (a
+        backward-only field is left out of a forward spec, so adding one keeps forward identities)."""
+        fields = self.model_dump(mode="json", exclude={"dq_accumulate"} if self.kind == "fwd" else None)
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> KernelSpec:

@@ -2,7 +2,7 @@
 cuDNN and flash backends (FA3 setup: 16k tokens, hidden 2048), all in this process.
 
 A quick loop for kernel authors; the real suite is tests/gpu/test_bwd_gpu.py and `fa3gen bench`.
-Usage: python scripts/bwd_smoke.py [--time] [--hdims 64,96,128] [--dtypes bf16,fp16]
+Usage: python scripts/bwd_smoke.py [--time] [--hdims 64,96,128,192,256] [--dtypes bf16,fp16]
        python scripts/bwd_smoke.py --spec JSON [--spec JSON ...]   # check and time these bwd specs
 """
 
@@ -72,7 +72,7 @@ def time_bwd(d: int, dtype: str, causal: bool, kernel=None) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--time", action="store_true")
-    ap.add_argument("--hdims", default="64,96,128")
+    ap.add_argument("--hdims", default="64,96,128,192,256")
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--spec", action="append", default=[], help="a bwd KernelSpec as JSON (repeatable)")
     args = ap.parse_args()

@@ -47,11 +47,15 @@ def bwd_inputs(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dtype=torch.bfloat16, device=
 # specs and the registry
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("d", [64, 96, 128])
-def test_bwd_spec_defaults(d):
+@pytest.mark.parametrize(("d", "block_n", "stages"), [(64, 128, 2), (96, 128, 2), (128, 128, 2), (192, 64, 2),
+                                                     (256, 64, 1)])
+def test_bwd_spec_defaults(d, block_n, stages):
+    """Up to hdim 128 each consumer warpgroup owns 64 keys; 192 and 256 share 64 and split the head
+    dim, and 256 has room for one stage beside its fp32 dQ tile."""
     spec = KernelSpec(kind="bwd", head_dim=d)
     assert spec.kind == "bwd" and not spec.deterministic and not spec.causal
-    assert (spec.head_dim_v, spec.block_m, spec.block_n, spec.stages) == (d, 64, 128, 2)
+    assert (spec.head_dim_v, spec.block_m, spec.block_n, spec.stages) == (d, 64, block_n, stages)
+    assert spec.bwd_splits_head_dim == (block_n == 64)
     assert spec.num_consumer_warpgroups == 2
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
@@ -61,8 +65,9 @@ def test_bwd_spec_defaults(d):
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        ({"kind": "bwd", "head_dim": 192}, r"backward kernels support head_dim \(64, 96, 128\) so far, got 192"),
-        ({"kind": "bwd", "head_dim": 256}, r"backward kernels support head_dim .* got 256"),
+        ({"kind": "bwd", "head_dim": 192, "block_n": 128}, r"head_dim 192 needs block_n=64: fp32 dK and dV"),
+        ({"kind": "bwd", "head_dim": 128, "block_n": 192}, r"block_n=192 must be 128 .* or 64 \(the warpgroups share"),
+        ({"kind": "bwd", "head_dim": 256, "stages": 2}, r"backward shared memory 2\d+ B exceeds"),
         ({"kind": "bwd", "head_dim": 128, "head_dim_v": 64}, r"head_dim_v == head_dim"),
         ({"kind": "bwd", "head_dim": 128, "window": True}, r"do not support the variants window"),
         ({"kind": "bwd", "head_dim": 128, "softcap": True}, r"do not support the variants softcap"),
@@ -73,6 +78,10 @@ def test_bwd_spec_defaults(d):
         ({"kind": "bwd", "head_dim": 128, "pingpong": True}, r"pingpong apply to forward kernels only"),
         ({"kind": "bwd", "head_dim": 128, "scheduler": "lpt"}, r"scheduler apply to forward kernels only"),
         ({"head_dim": 128, "deterministic": True}, r"deterministic applies to backward kernels"),
+        ({"head_dim": 128, "dq_accumulate": "atomic"}, r"dq_accumulate applies to backward kernels"),
+        ({"kind": "bwd", "head_dim": 64, "deterministic": True, "dq_accumulate": "atomic"},
+         r"deterministic=True needs dq_accumulate='writer'"),
+        ({"kind": "bwd", "head_dim": 64, "dq_accumulate": "bulk"}, r"dq_accumulate"),
         ({"kind": "both", "head_dim": 128}, r"kind"),
     ],
 )
@@ -100,7 +109,7 @@ def test_bwd_spec_identity():
 
 def test_registry_holds_the_bwd_specs():
     bwd = {name: spec for name, spec in REGISTRY.items() if spec.kind == "bwd"}
-    assert sorted(bwd) == sorted(f"bwd_d{d}_{dt}{c}" for d in (64, 96, 128) for dt in ("bf16", "fp16")
+    assert sorted(bwd) == sorted(f"bwd_d{d}_{dt}{c}" for d in (64, 96, 128, 192, 256) for dt in ("bf16", "fp16")
                                  for c in ("", "_causal"))
     for name, spec in bwd.items():
         assert spec == KernelSpec(kind="bwd", head_dim=spec.head_dim, dtype=spec.dtype, causal=spec.causal)
@@ -115,8 +124,7 @@ def test_default_bwd_spec():
     assert registry.default_bwd_spec(64, 64, "torch.float16", False) is REGISTRY["bwd_d64_fp16"]
     det = registry.default_bwd_spec(96, 96, "half", True, deterministic=True)
     assert det == KernelSpec(kind="bwd", head_dim=96, dtype="fp16", causal=True, deterministic=True)
-    with pytest.raises(ValueError, match=r"backward supports head_dim 64, 96, 128 so far, got head_dim=192"):
-        registry.default_bwd_spec(192, 192, "bf16", False)
+    assert registry.default_bwd_spec(256, 256, "fp16", True) is REGISTRY["bwd_d256_fp16_causal"]
     with pytest.raises(ValueError, match=r"backward supports head_dim_v == head_dim only"):
         registry.default_bwd_spec(128, 64, "bf16", False)
     with pytest.raises(ValueError, match=r"head_dim=80 is not supported"):
@@ -133,6 +141,35 @@ def test_render_bwd_spec():
     assert spec.canonical_json() in source
     assert source == fa3gen.render(KernelSpec.from_json(spec.canonical_json()))
     assert fa3gen.render(KernelSpec(kind="bwd", head_dim=128, causal=True, deterministic=True)) != source
+
+
+def test_bwd_dq_accumulate():
+    """atomic: no shared-memory dQ tile (256 gets a second stage), no writer warp, 16-byte atomics
+    from the consumers; the field stays out of a forward spec's identity."""
+    writer, atomic = (KernelSpec(kind="bwd", head_dim=256, dq_accumulate=m) for m in ("writer", "atomic"))
+    assert KernelSpec(kind="bwd", head_dim=256) == writer and (writer.stages, atomic.stages) == (1, 2)
+    assert atomic.smem_bytes <= SMEM_BUDGET_BYTES and atomic.name.endswith("_dqatomic")
+    assert KernelSpec(kind="bwd", head_dim=192, dq_accumulate="atomic").smem_bytes + 64 * 192 * 4 == \
+        KernelSpec(kind="bwd", head_dim=192).smem_bytes
+    source = fa3gen.render(atomic)
+    assert "red.global.add.v4.f32" in source and "write_dq(" not in source and "float dq[" not in source
+    source = fa3gen.render(writer)
+    assert "red.global.add.v4.f32" not in source and "write_dq(p, smem" in source and "float dq[" in source
+    assert "dq_accumulate" not in KernelSpec(head_dim=128).canonical_json()
+    assert '"dq_accumulate":"writer"' in writer.canonical_json()
+
+
+@pytest.mark.parametrize("fields", [{"head_dim": 256}, {"head_dim": 128, "block_n": 64}])
+def test_render_bwd_head_dim_split(fields):
+    """block_n=64: the warpgroups split the head dim, P gets a shared-memory tile, and the dV and dK
+    GEMMs read P and dS from shared memory (not from registers as with block_n=128)."""
+    split = fa3gen.render(KernelSpec(kind="bwd", **fields))
+    keys = fa3gen.render(KernelSpec(kind="bwd", head_dim=128))
+    assert "constexpr bool kSplitHeadDim = true;" in split and "constexpr bool kSplitHeadDim = false;" in keys
+    for source, has_p in ((split, True), (keys, False)):
+        assert ("cosize_v<SmemLayoutDS>> p;" in source) == has_p
+        assert ("wgmma_gemm</*kZeroInit=*/false>(mma_dv, tDVrP(_, _, _, buffer)" in source) == has_p
+        assert ("wgmma_gemm</*kZeroInit=*/false>(mma_dv, p_operand" in source) == (not has_p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,14 +343,13 @@ def test_bwd_op_validates(args, error, match):
 
 
 @pytest.mark.parametrize("d", [192, 256])
-def test_bwd_unsupported_head_dims(d):
+def test_bwd_wide_head_dims_pass_the_checks(d):
     dout, q, k, v, out, lse = bwd_inputs(d=d, device="meta")
-    with pytest.raises(ValueError, match=rf"backward supports head_dim 64, 96, 128 so far, got head_dim {d}"):
-        ops._check_bwd_meta(dout, q, k, v, out, lse)
-    q, k, v = qkv(d=d, device="meta", requires_grad=True)
-    out = ops.flash_attn_func(q, k, v)  # the forward exists
-    with pytest.raises(ValueError, match="backward supports head_dim 64, 96, 128 so far"):
-        out.sum().backward()
+    ops._check_bwd_meta(dout, q, k, v, out, lse)
+    with FakeTensorMode():
+        dout, q, k, v, out, lse = bwd_inputs(d=d, device="cuda")
+        dq, dk, dv = torch.ops.fa3gen.bwd(dout, q, k, v, out, lse, 0.1, False, False)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
 
 
 def test_bwd_devices_must_match_on_fake_cuda():
@@ -615,7 +651,9 @@ def test_opcheck_fwd_with_grad_and_bwd(cpu_ops):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq, sk, hq, hkv", [(5, 5, 2, 2), (3, 8, 4, 2), (8, 3, 4, 1), (1, 9, 2, 1), (6, 1, 2, 2)])
 def test_reference_grads_are_autograds(causal, sq, sk, hq, hkv):
-    """The closed form equals autograd through attention_reference (which is differentiable)."""
+    """The closed form equals autograd through attention_reference, and autograd there agrees with
+    finite differences (gradcheck, float64): the kernels' gradients are checked against a
+    reference whose derivative is itself checked."""
     torch.manual_seed(sq * 10 + sk)
     q = torch.randn(2, sq, hq, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, sk, hkv, 8, dtype=torch.float64, requires_grad=True)
@@ -628,6 +666,7 @@ def test_reference_grads_are_autograds(causal, sq, sk, hq, hkv):
         assert g.dtype == torch.float64 and g.shape == w.shape
         assert torch.isfinite(w).all()
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda q, k, v: attention_reference(q, k, v, 0.37, causal)[0], (q, k, v))
 
 
 def test_reference_grads_chunking_and_empty(monkeypatch):
@@ -657,7 +696,7 @@ def test_bench_pass_option_and_bwd_flops():
     fwd = _parse([])
     assert fwd.passes == ("fwd",) and fwd.hdim == "64,128,256"
     bwd = _parse(["--pass", "bwd"])
-    assert bwd.passes == ("bwd",) and bwd.hdim == "64,128"
+    assert bwd.passes == ("bwd",) and bwd.hdim == "64,128,256"
     both = _parse(["--pass", "both", "--hdim", "96"])
     assert both.passes == ("fwd", "bwd") and both.hdim == "96"
     with pytest.raises(SystemExit):
@@ -665,8 +704,7 @@ def test_bench_pass_option_and_bwd_flops():
 
 
 def test_bench_bwd_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_ops):
-    """The backward bench path on CPU: fa3gen routed to the reference, CUDA events faked; hdim 256
-    has no backward, so only its forward runs."""
+    """The backward bench path on CPU: fa3gen routed to the reference, CUDA events faked."""
     import json
 
     from fa3gen import bench
@@ -682,14 +720,14 @@ def test_bench_bwd_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_ops):
                      "--json", str(out_json)])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert sorted((s.kind, s.head_dim) for s in built) == [("bwd", 64), ("fwd", 64), ("fwd", 256)]
-    assert sorted(loaded) == [("bwd", 64, 64, "bf16", True), ("fwd", 64, 64, "bf16", True),
-                              ("fwd", 256, 256, "bf16", True)]
-    assert "no backward for head dims [256]" in text
+    assert sorted((s.kind, s.head_dim) for s in built) == [("bwd", 64), ("bwd", 256), ("fwd", 64), ("fwd", 256)]
+    assert sorted(loaded) == [("bwd", 64, 64, "bf16", True), ("bwd", 256, 256, "bf16", True),
+                              ("fwd", 64, 64, "bf16", True), ("fwd", 256, 256, "bf16", True)]
     assert "| d64 s32 b2 h4 causal bwd |" in text and "| d64 s32 b2 h4 causal fwd |" in text
-    assert "d256 s32 b2 h1 causal bwd" not in text
+    assert "| d256 s32 b2 h1 causal bwd |" in text
     res = json.loads(out_json.read_text())
-    assert [(c["head_dim"], c["pass"]) for c in res["cases"]] == [(64, "fwd"), (64, "bwd"), (256, "fwd")]
+    assert [(c["head_dim"], c["pass"]) for c in res["cases"]] == [(64, "fwd"), (64, "bwd"), (256, "fwd"),
+                                                                  (256, "bwd")]
     bwd_case = res["cases"][1]
     assert bwd_case["flops"] == attn_bwd_flops(2, 4, 32, 32, 64, True)
     assert bwd_case["results"]["fa3gen"]["tflops"] > 0

@@ -1,7 +1,7 @@
 """Real nvcc compiles for sm_90a, with the ptxas resource report and the SASS checked.
 
 Forward specs (the representative one, the one with the most register pressure, schedule switches
-and variants) and two backward specs. Slow (about a minute each on two cores, built in parallel):
+and variants) and four backward specs. Slow (about a minute each on two cores, built in parallel):
 the CPU suite's proof that the templates produce Hopper kernels that fit.
 """
 
@@ -35,9 +35,12 @@ SPECS = {
         head_dim=128, score_mod={"expr": "score + gain * bias(h, q_idx - kv_idx + seqlen_k - 1)", "grad": "1.f"},
         params=[{"kind": "scalar", "name": "gain"}, {"kind": "tensor", "name": "bias", "ndim": 2}]),
     # Backward: the registry's hdim 128 causal kernel in deterministic mode (the dQ ordering path),
-    # and hdim 96 fp16, whose dQ halves (N = 48) need K's narrower swizzle.
+    # hdim 96 fp16, whose dQ halves (N = 48) need K's narrower swizzle, and the head-dim split of
+    # 256 (one stage, P and dS through shared memory) and of 192 (Q's and dO's swizzle narrowed).
     "bwd_d128_causal_deterministic": KernelSpec(kind="bwd", head_dim=128, causal=True, deterministic=True),
     "bwd_d96_fp16": REGISTRY["bwd_d96_fp16"],
+    "bwd_d256_causal": REGISTRY["bwd_d256_bf16_causal"],
+    "bwd_d192_fp16": REGISTRY["bwd_d192_fp16"],
 }
 NAMES = list(SPECS)
 

@@ -14,8 +14,9 @@ def test_registry_specs_are_valid(name: str) -> None:
     spec = REGISTRY[name]
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert name.startswith(f"{spec.kind}_d{spec.head_dim}_{spec.dtype}")
-    if spec.kind == "bwd":  # a consumer warpgroup owns 64 keys; one query block is one WGMMA M
-        assert spec.block_n == 64 * spec.num_consumer_warpgroups and spec.block_m == 64
+    if spec.kind == "bwd":  # a consumer warpgroup owns 64 keys, or (hdim > 128) they share 64; block_m is one WGMMA M
+        keys = 64 if spec.head_dim > 128 else 64 * spec.num_consumer_warpgroups
+        assert spec.block_n == keys and spec.bwd_splits_head_dim == (spec.head_dim > 128) and spec.block_m == 64
         assert not spec.deterministic
         return
     assert spec.block_m == 64 * spec.num_consumer_warpgroups

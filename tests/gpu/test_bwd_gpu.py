@@ -43,7 +43,7 @@ pytestmark = [
     pytest.mark.skipif(not _is_hopper(), reason="needs a Hopper (sm_90) GPU"),
 ]
 
-HEAD_DIMS = (64, 96, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 SEQ_PAIRS = [(1, 1), (64, 64), (113, 113), (128, 300), (300, 128), (1000, 1000), (517, 1031), (1031, 517),
              (1, 777), (777, 1), (2049, 2049)]
 HEADS = [(1, 1), (4, 1), (6, 2), (8, 2), (3, 3)]  # (nheads_q, nheads_kv)
@@ -52,7 +52,7 @@ LAYOUTS = ["contiguous", "packed", "strided_heads", "bhsd"]
 
 def _grid(seed: int = 20251204):
     """Every (head dim, dtype, causal, seqlens) once; heads, layout, batch and deterministic spread
-    over them: 132 cases."""
+    over them: 220 cases."""
     rng = random.Random(seed)
     out = []
     for i, (d, dt, causal, (sq, sk)) in enumerate(itertools.product(HEAD_DIMS, DTYPES, (False, True), SEQ_PAIRS)):
@@ -191,7 +191,9 @@ def test_bwd_matches_reference(d, dt, causal, sq, sk, b, hq, hkv, layout, determ
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("b, sq, sk, hq, hkv, d, dt", [(2, 2048, 2048, 8, 2, 128, "bf16"),
                                                         (1, 1000, 3001, 6, 2, 64, "fp16"),
-                                                        (2, 1537, 1024, 4, 4, 96, "bf16")])
+                                                        (2, 1537, 1024, 4, 4, 96, "bf16"),
+                                                        (1, 1100, 2000, 4, 2, 256, "bf16"),
+                                                        (1, 2048, 1500, 2, 1, 192, "fp16")])
 def test_deterministic_is_bit_identical(causal, b, sq, sk, hq, hkv, d, dt):
     """deterministic=True: ten runs give the same bits (several key blocks add to every dQ row)."""
     gen = torch.Generator(device="cuda").manual_seed(77)
