@@ -62,18 +62,17 @@ def _bytes_per_element(dtype: str) -> int:
     return {"fp16": 2, "bf16": 2}.get(dtype, 2)  # an unknown dtype is reported by its own field
 
 
-def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
-                    dq_accumulate: str = "writer") -> int:
+def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int) -> int:
     """Backward shared memory: K and V of the CTA's key block, `stages` query blocks of Q, dO, LSE
     and D, two dS tiles (dQ of one step reads one while the next step writes the other), two P
-    tiles when the warpgroups split the head dim (block_n 64), and (dq_accumulate="writer") the
-    fp32 dQ tile on its way to the accumulator."""
+    tiles when the warpgroups split the head dim (block_n 64), and the fp32 dQ tile on its way to
+    the accumulator."""
     e = _bytes_per_element(dtype)
     kv = block_n * (head_dim + head_dim_v) * e
     q_do = stages * block_m * (head_dim + head_dim_v) * e + stages * block_m * 2 * 4
     ds = 2 * block_m * block_n * e
     p = ds if block_n == WGMMA_M else 0
-    dq = block_m * head_dim * 4 if dq_accumulate == "writer" else 0
+    dq = block_m * head_dim * 4
     return kv + q_do + ds + p + dq + BARRIER_SMEM_BYTES
 
 
@@ -106,12 +105,6 @@ class KernelSpec(BaseModel):
 
     kind: Literal["fwd", "bwd"] = "fwd"
     deterministic: bool = False
-    # Backward: how each step's fp32 dQ tile is added into the accumulator. "writer": through shared
-    # memory to a writer warp, one bulk reduction per tile (the consumers never wait on global
-    # memory; the only way with deterministic=True). "atomic": the consumers add it with 16-byte
-    # atomics straight from registers, which frees the tile's shared memory (64 KiB at hdim 256).
-    # None: "writer". Left out of a forward spec's identity.
-    dq_accumulate: Literal["writer", "atomic"] | None = None
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
     dtype: Literal["fp16", "bf16"] = "bf16"
@@ -216,13 +209,13 @@ class KernelSpec(BaseModel):
             wide = isinstance(d, int) and d > BWD_MAX_KEYS_SPLIT_HEAD_DIM
             data["block_n"] = WGMMA_M if wide else WGMMA_M * (nwg if isinstance(nwg, int) else 2)
         for field, default in (("block_m", BWD_BLOCK_M), ("intra_wg_overlap", False),
-                               ("scheduler", "grid"), ("epilogue", "direct"), ("dq_accumulate", "writer")):
+                               ("scheduler", "grid"), ("epilogue", "direct")):
             if data.get(field) is None:
                 data[field] = default
         if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile)
             sizes = (data.get("block_m"), data.get("block_n"), d, data.get("head_dim_v"))
             fits = all(isinstance(x, int) for x in sizes) and _bwd_smem_bytes(
-                str(data.get("dtype", "bf16")), *sizes, 2, str(data["dq_accumulate"])) <= SMEM_BUDGET_BYTES  # type: ignore[arg-type]
+                str(data.get("dtype", "bf16")), *sizes, 2) <= SMEM_BUDGET_BYTES  # type: ignore[arg-type]
             data["stages"] = 2 if fits or not all(isinstance(x, int) for x in sizes) else 1
         return data
 
@@ -251,8 +244,6 @@ class KernelSpec(BaseModel):
         if variants:
             raise ValueError(f"backward kernels do not support the variants {', '.join(variants)} yet "
                              "(plain and causal attention only)")
-        if self.deterministic and self.dq_accumulate != "writer":
-            raise ValueError("deterministic=True needs dq_accumulate='writer' (the writer warp orders the additions)")
         if self.smem_bytes > SMEM_BUDGET_BYTES:
             raise ValueError(f"backward shared memory {self.smem_bytes} B exceeds the {SMEM_BUDGET_BYTES} B budget "
                              f"(K, V {bn}x{d}, {self.stages} stages of Q, dO {bm}x{d}, dS): lower stages")
@@ -264,8 +255,6 @@ class KernelSpec(BaseModel):
             return self
         if self.deterministic:
             raise ValueError("deterministic applies to backward kernels (kind='bwd'); the forward is deterministic")
-        if self.dq_accumulate is not None:
-            raise ValueError("dq_accumulate applies to backward kernels (kind='bwd')")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None
@@ -314,8 +303,7 @@ class KernelSpec(BaseModel):
     def smem_bytes(self) -> int:
         assert self.block_m and self.block_n and self.head_dim_v and self.stages and self.epilogue
         if self.kind == "bwd":
-            return _bwd_smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.stages,
-                                   str(self.dq_accumulate))
+            return _bwd_smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.stages)
         return _smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v,
                            self.stages, self.epilogue)
 
@@ -372,7 +360,7 @@ class KernelSpec(BaseModel):
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         sched += "_otma" if self.epilogue == "tma" else ""
         if self.kind == "bwd":
-            sched = ("_det" if self.deterministic else "") + ("_dqatomic" if self.dq_accumulate == "atomic" else "")
+            sched = "_det" if self.deterministic else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)
@@ -381,10 +369,8 @@ class KernelSpec(BaseModel):
         )
 
     def canonical_json(self) -> str:
-        """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace (a
-        backward-only field is left out of a forward spec, so adding one keeps forward identities)."""
-        fields = self.model_dump(mode="json", exclude={"dq_accumulate"} if self.kind == "fwd" else None)
-        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> KernelSpec:

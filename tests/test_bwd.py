@@ -78,10 +78,6 @@ def test_bwd_spec_defaults(d, block_n, stages):
         ({"kind": "bwd", "head_dim": 128, "pingpong": True}, r"pingpong apply to forward kernels only"),
         ({"kind": "bwd", "head_dim": 128, "scheduler": "lpt"}, r"scheduler apply to forward kernels only"),
         ({"head_dim": 128, "deterministic": True}, r"deterministic applies to backward kernels"),
-        ({"head_dim": 128, "dq_accumulate": "atomic"}, r"dq_accumulate applies to backward kernels"),
-        ({"kind": "bwd", "head_dim": 64, "deterministic": True, "dq_accumulate": "atomic"},
-         r"deterministic=True needs dq_accumulate='writer'"),
-        ({"kind": "bwd", "head_dim": 64, "dq_accumulate": "bulk"}, r"dq_accumulate"),
         ({"kind": "both", "head_dim": 128}, r"kind"),
     ],
 )
@@ -141,22 +137,6 @@ def test_render_bwd_spec():
     assert spec.canonical_json() in source
     assert source == fa3gen.render(KernelSpec.from_json(spec.canonical_json()))
     assert fa3gen.render(KernelSpec(kind="bwd", head_dim=128, causal=True, deterministic=True)) != source
-
-
-def test_bwd_dq_accumulate():
-    """atomic: no shared-memory dQ tile (256 gets a second stage), no writer warp, 16-byte atomics
-    from the consumers; the field stays out of a forward spec's identity."""
-    writer, atomic = (KernelSpec(kind="bwd", head_dim=256, dq_accumulate=m) for m in ("writer", "atomic"))
-    assert KernelSpec(kind="bwd", head_dim=256) == writer and (writer.stages, atomic.stages) == (1, 2)
-    assert atomic.smem_bytes <= SMEM_BUDGET_BYTES and atomic.name.endswith("_dqatomic")
-    assert KernelSpec(kind="bwd", head_dim=192, dq_accumulate="atomic").smem_bytes + 64 * 192 * 4 == \
-        KernelSpec(kind="bwd", head_dim=192).smem_bytes
-    source = fa3gen.render(atomic)
-    assert "red.global.add.v4.f32" in source and "write_dq(" not in source and "float dq[" not in source
-    source = fa3gen.render(writer)
-    assert "red.global.add.v4.f32" not in source and "write_dq(p, smem" in source and "float dq[" in source
-    assert "dq_accumulate" not in KernelSpec(head_dim=128).canonical_json()
-    assert '"dq_accumulate":"writer"' in writer.canonical_json()
 
 
 @pytest.mark.parametrize("fields", [{"head_dim": 256}, {"head_dim": 128, "block_n": 64}])
