@@ -172,6 +172,27 @@ struct KernelParams {
   float scale_log2;
 };
 
+// Causal key blocks differ in work (the first sees every query block, the last one or two): CTAs are
+// launched longest first over groups of kCausalGroup (batch, kv head) pairs, so the grid ends on short
+// ones, while the Q and dO the running CTAs stream are those of a few heads (L2-resident).
+// Otherwise one (batch, kv head) after another, its key blocks in order.
+constexpr int kCausalGroup = 4;
+struct CtaCoordinates {
+  int n_block, head_kv, batch;
+};
+__device__ __forceinline__ CtaCoordinates cta_coordinates(KernelParams const& p) {
+  if constexpr (kCausal) {
+    int const n_blocks = cute::ceil_div(p.seqlen_k, int(kBlockN));
+    int const units = p.nheads_kv * p.batch;
+    int const group = int(blockIdx.x) / (kCausalGroup * n_blocks);
+    int const rest = int(blockIdx.x) - group * kCausalGroup * n_blocks;
+    int const in_group = min(kCausalGroup, units - group * kCausalGroup);
+    int const unit = group * kCausalGroup + rest % in_group;
+    return {rest / in_group, unit % p.nheads_kv, unit / p.nheads_kv};
+  }
+  return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+}
+
 // The query blocks [begin, end) that see any key of key block n_block (causal: bottom-right aligned).
 struct QueryBlockRange {
   int begin, end;
@@ -527,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT Ker
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_bytes);
   int const warp = cutlass::canonical_warp_idx_sync();
   int const warpgroup = cutlass::canonical_warp_group_idx();
-  int const n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+  auto const [n_block, head_kv, batch] = cta_coordinates(p);
 
   if (warp == 0 && cute::elect_one_sync()) {
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
@@ -644,9 +665,11 @@ extern "C" int fa3gen_bwd(const Fa3genBwdParams* a, void* stream_) {
       a->softmax_scale,
       a->softmax_scale * float(M_LOG2E),
   };
-  // Key blocks of one head are adjacent in launch order: in deterministic mode a CTA waits only
-  // for CTAs launched before it, so it cannot wait on one that has no SM yet.
-  dim3 grid(unsigned(cute::ceil_div(a->seqlen_k, kBlockN)), unsigned(a->nheads_kv), unsigned(a->batch));
+  // Every key block of a (batch, kv head) is launched after the ones before it (cta_coordinates): in
+  // deterministic mode a CTA waits only for CTAs launched before it, so never for one with no SM yet.
+  unsigned const n_blocks = unsigned(cute::ceil_div(a->seqlen_k, kBlockN));
+  dim3 grid = kCausal ? dim3(n_blocks * unsigned(a->nheads_kv) * unsigned(a->batch), 1, 1)
+                      : dim3(n_blocks, unsigned(a->nheads_kv), unsigned(a->batch));
   bwd_kernel<<<grid, kThreads, sizeof(SharedStorage), stream>>>(p);
 
   ConvertParams convert{

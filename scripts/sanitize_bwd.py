@@ -16,6 +16,9 @@ CASES = [  # b, sq, sk, hq, hkv, d, dtype, causal, deterministic
     (2, 150, 70, 2, 1, 64, torch.float16, True, True),
     (1, 130, 130, 3, 3, 96, torch.bfloat16, False, True),
     (1, 64, 300, 2, 2, 128, torch.float16, False, False),
+    # Head-dim split (P and dS exchanged through shared memory), one stage at 256.
+    (1, 100, 190, 2, 1, 256, torch.bfloat16, True, False),
+    (2, 70, 130, 2, 2, 192, torch.float16, False, True),
 ]
 
 for b, sq, sk, hq, hkv, d, dt, causal, det in CASES:

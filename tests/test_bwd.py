@@ -67,6 +67,7 @@ def test_bwd_spec_defaults(d, block_n, stages):
     [
         ({"kind": "bwd", "head_dim": 192, "block_n": 128}, r"head_dim 192 needs block_n=64: fp32 dK and dV"),
         ({"kind": "bwd", "head_dim": 128, "block_n": 192}, r"block_n=192 must be 128 .* or 64 \(the warpgroups share"),
+        ({"kind": "bwd", "head_dim": 64, "block_m": 128}, r"block_m=128 must be 64"),
         ({"kind": "bwd", "head_dim": 256, "stages": 2}, r"backward shared memory 2\d+ B exceeds"),
         ({"kind": "bwd", "head_dim": 128, "head_dim_v": 64}, r"head_dim_v == head_dim"),
         ({"kind": "bwd", "head_dim": 128, "window": True}, r"do not support the variants window"),
