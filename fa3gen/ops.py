@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -339,12 +339,28 @@ def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
     return p
 
 
+def _alloc_workspace(nbytes: int, device: torch.device) -> torch.Tensor | None:
+    """The scratch a kernel asked for (None for 0 bytes), which the caller keeps alive until the
+    launch is queued: the caching allocator then keeps it from being reused on this stream before
+    the kernels are done with it."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
+
+
+def _on_device(device: torch.device, launch: Callable[[], None]) -> None:
+    """Runs `launch` with `device` current (the libraries size and launch on the current device),
+    without the switch (~10 us) in the common case that it already is."""
+    if device.index == torch.cuda.current_device():
+        launch()
+        return
+    with torch.cuda.device(device):
+        launch()
+
+
 def _launch_params(workspace_bytes: int, q, k, v, out, lse, softmax_scale: float) -> tuple[FwdParams, torch.Tensor | None]:
     """FwdParams plus the scratch tensor the kernel asked for (e.g. the lpt scheduler's tile
-    counter), which the caller keeps alive until the launch is queued: the caching allocator then
-    keeps it from being reused on this stream before the kernel is done with it."""
+    counter), which the caller keeps alive until the launch is queued (``_alloc_workspace``)."""
     params = _make_params(q, k, v, out, lse, softmax_scale)
-    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device) if workspace_bytes > 0 else None
+    workspace = _alloc_workspace(workspace_bytes, q.device)
     params.workspace = workspace.data_ptr() if workspace is not None else None
     return params, workspace
 
@@ -366,11 +382,7 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
         variant.check_tensors(spec, q)
         variant.fill(params, spec, causal)
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    if q.device.index == torch.cuda.current_device():  # the common case: no device switch (it costs ~10 us)
-        kernel.fwd(params, stream)
-        return
-    with torch.cuda.device(q.device):  # the library launches on the current device
-        kernel.fwd(params, stream)
+    _on_device(q.device, lambda: kernel.fwd(params, stream))
 
 
 def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = None,
@@ -445,20 +457,6 @@ def _make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float) 
     return p
 
 
-def _run_bwd(kernel: Any, params: BwdParams, device: torch.device) -> None:
-    """Allocate the scratch the backward launch asks for on the current stream, then launch."""
-    nbytes = kernel.bwd_workspace_bytes(params)
-    workspace = None  # kept alive until the launch is queued: the caching allocator then keeps it
-    if nbytes > 0:  # from being reused on this stream before the kernels are done with it
-        workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        ptr = workspace.data_ptr()
-        if ptr % _WORKSPACE_ALIGN_BYTES != 0:  # not an assert: it must hold under python -O too
-            raise RuntimeError(f"fa3gen: the backward workspace at 0x{ptr:x} is not "
-                               f"{_WORKSPACE_ALIGN_BYTES}-byte aligned (torch's caching allocator gives 512)")
-        params.workspace = ptr
-    kernel.bwd(params, torch.cuda.current_stream(device).cuda_stream)
-
-
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float, causal: bool,
                 deterministic: bool = False, kernel: Any = None) -> None:
     """Run the backward kernels writing dq (like q), dk (like k) and dv (like v).
@@ -469,11 +467,14 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float, causa
     if kernel is None:  # the registry kernel for these inputs
         kernel = _bwd_kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), bool(deterministic))
     params = _make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale)
-    if q.device.index == torch.cuda.current_device():  # the common case: no device switch
-        _run_bwd(kernel, params, q.device)
-        return
-    with torch.cuda.device(q.device):  # the library sizes its scratch and launches on the current device
-        _run_bwd(kernel, params, q.device)
+    # The scratch depends on the problem's sizes (the library says how much).
+    workspace = _alloc_workspace(kernel.bwd_workspace_bytes(params), q.device)
+    params.workspace = workspace.data_ptr() if workspace is not None else None
+    if params.workspace is not None and params.workspace % _WORKSPACE_ALIGN_BYTES != 0:  # not an assert: -O
+        raise RuntimeError(f"fa3gen: the backward workspace at 0x{params.workspace:x} is not "
+                           f"{_WORKSPACE_ALIGN_BYTES}-byte aligned (torch's caching allocator gives 512)")
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _on_device(q.device, lambda: kernel.bwd(params, stream))
 
 
 def _backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool = False,

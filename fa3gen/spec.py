@@ -214,9 +214,10 @@ class KernelSpec(BaseModel):
                 data[field] = default
         if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile)
             sizes = (data.get("block_m"), data.get("block_n"), d, data.get("head_dim_v"))
-            fits = all(isinstance(x, int) for x in sizes) and _bwd_smem_bytes(
+            # Sizes that are not ints are reported by their own fields.
+            two_fit = not all(isinstance(x, int) for x in sizes) or _bwd_smem_bytes(
                 str(data.get("dtype", "bf16")), *sizes, 2) <= SMEM_BUDGET_BYTES  # type: ignore[arg-type]
-            data["stages"] = 2 if fits or not all(isinstance(x, int) for x in sizes) else 1
+            data["stages"] = 2 if two_fit else 1
         return data
 
     def _check_bwd(self) -> None:
