@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 MAX_SCALAR_ARGS = 8
 MAX_TENSOR_ARGS = 8
 MAX_TENSOR_DIMS = 4
@@ -18,6 +18,16 @@ def _stride_fields(*tensors: str) -> list[str]:
 _SIZE_FIELDS = [(name, ctypes.c_int32) for name in ("batch", "seqlen_q", "seqlen_k", "nheads_q", "nheads_kv")]
 
 
+class VariantParams(ctypes.Structure):
+    """Run-time values of the variants (window, softcap, ALiBi, custom params), forward and backward."""
+
+    _fields_ = [("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
+                ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64),
+                ("float_args", ctypes.c_float * MAX_SCALAR_ARGS), ("int_args", ctypes.c_int32 * MAX_SCALAR_ARGS),
+                ("tensor_args", ctypes.c_void_p * MAX_TENSOR_ARGS),
+                ("tensor_strides", (ctypes.c_int64 * MAX_TENSOR_DIMS) * MAX_TENSOR_ARGS)]
+
+
 class FwdParams(ctypes.Structure):
     """Forward problem: raw device pointers, element strides, sizes, the softmax scale and scratch."""
 
@@ -26,24 +36,20 @@ class FwdParams(ctypes.Structure):
          ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p)]
         + [(name, ctypes.c_int64) for name in _stride_fields("q", "k", "v", "o")]
         + _SIZE_FIELDS
-        + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p)]
-        + [("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
-           ("alibi_slopes", ctypes.c_void_p), ("alibi_batch_stride", ctypes.c_int64),
-           ("float_args", ctypes.c_float * MAX_SCALAR_ARGS), ("int_args", ctypes.c_int32 * MAX_SCALAR_ARGS),
-           ("tensor_args", ctypes.c_void_p * MAX_TENSOR_ARGS),
-           ("tensor_strides", (ctypes.c_int64 * MAX_TENSOR_DIMS) * MAX_TENSOR_ARGS)]
+        + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p), ("variant", VariantParams)]
     )
 
 
 class BwdParams(ctypes.Structure):
     """Backward problem: the forward's q, k, v, o and lse, the output gradient dout, the gradients
-    dq, dk, dv to write, their element strides, sizes, the softmax scale and scratch."""
+    dq, dk, dv to write, their element strides, sizes, the softmax scale, scratch and the forward's
+    variant values."""
 
     _fields_ = (
         [(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv")]
         + [(name, ctypes.c_int64) for name in _stride_fields("q", "k", "v", "o", "dout", "dq", "dk", "dv")]
         + _SIZE_FIELDS
-        + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p)]
+        + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p), ("variant", VariantParams)]
     )
 
 

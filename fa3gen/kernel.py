@@ -96,14 +96,15 @@ class CompiledKernel:
 
         return run_kernel(self, q, k, v, softmax_scale=softmax_scale, return_lse=return_lse, **variant)
 
-    def backward(self, dout, q, k, v, out, lse, softmax_scale: float | None = None):
+    def backward(self, dout, q, k, v, out, lse, softmax_scale: float | None = None, **variant):
         """Gradients (dq, dk, dv) with this backward kernel on torch tensors:
-        ``fa3gen.ops.run_bwd_kernel`` (causal and deterministic from the spec)."""
+        ``fa3gen.ops.run_bwd_kernel`` (causal and deterministic from the spec; the variants' values
+        by keyword, as the forward got them)."""
         if self._is_fwd:
             raise self._wrong_kind("backward()")
         from .ops import run_bwd_kernel
 
-        return run_bwd_kernel(self, dout, q, k, v, out, lse, softmax_scale=softmax_scale)
+        return run_bwd_kernel(self, dout, q, k, v, out, lse, softmax_scale=softmax_scale, **variant)
 
     def __repr__(self) -> str:
         return f"CompiledKernel({self._spec.name}, {self.library_path})"

@@ -17,13 +17,13 @@ Layout and conventions (FlashAttention's):
 * Empty problems launch nothing: batch, nheads or seqlen_q of 0 give empty outputs; seqlen_k of 0
   gives ``out = 0`` and ``lse = -inf``. Their gradients are zeros, also without a launch.
 * Differentiable: ``fa3gen::fwd`` has an autograd formula that calls ``fa3gen::bwd`` (the backward
-  kernels: dq, dk, dv; every head dim with head_dim_v == head_dim, plain or causal).
+  kernels: dq, dk, dv; every head dim with head_dim_v == head_dim, plain, causal and the
+  built-in variants window_size, softcap and alibi_slopes; the slopes get no gradient).
   ``deterministic=True`` picks the backward kernel that adds dQ contributions in a fixed order
   (bit-identical gradients run to run, somewhat slower). The output gradient autograd hands over
   is often not in a layout the kernel takes (the expanded gradient of ``out.sum()``, say); the
   backward then copies it to a contiguous tensor, the one copy fa3gen makes (of autograd's
-  tensor, not the caller's). Not differentiable yet: the variants (window_size, softcap,
-  alibi_slopes; backward raises NotImplementedError) and lse (a nonzero gradient flowing into lse
+  tensor, not the caller's). Not differentiable yet: lse (a nonzero gradient flowing into lse
   raises NotImplementedError in eager mode; traced and captured graphs cannot check it and ignore it).
 
 The ops allocate their outputs (and the backward's scratch) with torch's caching allocator and
@@ -244,7 +244,8 @@ def _check_gpu(device: torch.device) -> None:
 # kernels
 # ---------------------------------------------------------------------------------------------
 
-# fwd: (d, dv, dtype, causal, window, softcap, alibi); bwd: ("bwd", d, dv, dtype, causal, deterministic)
+# fwd: (d, dv, dtype, causal, window, softcap, alibi); bwd: ("bwd", d, dv, dtype, causal, deterministic, window,
+# softcap, alibi)
 KernelKey = tuple[Any, ...]
 _KERNELS: dict[KernelKey, Any] = {}
 _KEY_LOCKS: dict[KernelKey, threading.Lock] = {}
@@ -284,9 +285,11 @@ def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window
     return kern if kern is not None else _compile_memoized(key, "default_spec", key)
 
 
-def _bwd_kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, deterministic: bool = False):
+def _bwd_kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, deterministic: bool = False,
+                    window: bool = False, softcap: bool = False, alibi: bool = False):
     """The compiled backward kernel of the registry's default backward spec (memoized, thread-safe)."""
-    args = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(deterministic))
+    args = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(deterministic), bool(window), bool(softcap),
+            bool(alibi))
     key = ("bwd", *args)
     kern = _KERNELS.get(key)
     return kern if kern is not None else _compile_memoized(key, "default_bwd_spec", args)
@@ -376,13 +379,19 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
         kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), variant.window,
                              variant.softcap > 0, variant.alibi_slopes is not None)
     params, _workspace_alive = _launch_params(kernel.workspace_bytes, q, k, v, out, lse, softmax_scale)
+    _fill_variant(params, kernel, variant, q, k, causal)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _on_device(q.device, lambda: kernel.fwd(params, stream))
+
+
+def _fill_variant(params: FwdParams | BwdParams, kernel: Any, variant: VariantArgs, q: torch.Tensor,
+                  k: torch.Tensor, causal: bool) -> None:
+    """The call's variant values, checked against the kernel's spec, into the launch's params."""
     spec = getattr(kernel, "spec", None)
     if spec is not None:
         variant.check(spec)
         variant.check_tensors(spec, q)
-        variant.fill(params, spec, causal)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    _on_device(q.device, lambda: kernel.fwd(params, stream))
+        variant.fill(params.variant, spec, causal, q.shape[1], k.shape[1])
 
 
 def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = None,
@@ -458,15 +467,17 @@ def _make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float) 
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float, causal: bool,
-                deterministic: bool = False, kernel: Any = None) -> None:
+                deterministic: bool = False, kernel: Any = None, variant: VariantArgs = NO_VARIANT) -> None:
     """Run the backward kernels writing dq (like q), dk (like k) and dv (like v).
 
     Internal: callers have validated the inputs (``_check_bwd_meta``); dq, dk, dv must satisfy the
     same stride rules. Used by the op and by the GPU tests (to write into NaN-poisoned buffers).
     """
     if kernel is None:  # the registry kernel for these inputs
-        kernel = _bwd_kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), bool(deterministic))
+        kernel = _bwd_kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), bool(deterministic),
+                                 variant.window, variant.softcap > 0, variant.alibi_slopes is not None)
     params = _make_bwd_params(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale)
+    _fill_variant(params, kernel, variant, q, k, causal)
     # The scratch depends on the problem's sizes (the library says how much).
     workspace = _alloc_workspace(kernel.bwd_workspace_bytes(params), q.device)
     params.workspace = workspace.data_ptr() if workspace is not None else None
@@ -478,7 +489,8 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float, causa
 
 
 def _backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool = False,
-                   kernel: Any = None, meta_checked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   kernel: Any = None, meta_checked: bool = False,
+                   variant: VariantArgs = NO_VARIANT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate, allocate dq, dk, dv (contiguous, like q, k, v), launch (the registry backward
     kernel, or `kernel`). Separate from the op so CPU tests can route it."""
     if not meta_checked:
@@ -496,16 +508,20 @@ def _backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, 
     dq = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
     dv_ = torch.empty((b, sk, hkv, dv), dtype=v.dtype, device=v.device)
-    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv_, softmax_scale, causal, deterministic, kernel)
+    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv_, softmax_scale, causal, deterministic, kernel, variant)
     return dq, dk, dv_
 
 
 def run_bwd_kernel(kernel: Any, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   out: torch.Tensor, lse: torch.Tensor, softmax_scale: float | None = None):
+                   out: torch.Tensor, lse: torch.Tensor, softmax_scale: float | None = None, *,
+                   window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                   alibi_slopes: torch.Tensor | None = None, **params: Any):
     """Runs one compiled backward kernel (``fa3gen.compile(KernelSpec(kind="bwd", ...))``):
     returns (dq, dk, dv) for the forward that produced out and lse from q, k, v.
 
     Same layout and validation as the autograd path; causal and deterministic come from the spec.
+    The variants take the values the forward ran with (``window_size``, ``softcap``,
+    ``alibi_slopes``, the spec's params by name), as in ``run_kernel``.
     Not a registered custom op (``torch.compile`` sees a graph break).
     """
     spec = kernel.spec
@@ -518,8 +534,11 @@ def run_bwd_kernel(kernel: Any, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
             f"fa3gen: kernel {spec.name} takes {spec.dtype} with head_dim {spec.head_dim}; got {want} with "
             f"head_dim {q.shape[-1]}"
         )
+    variant = VariantArgs(tuple(window_size), softcap, alibi_slopes, dict(params))
+    variant.check(spec)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    return _backward_impl(dout, q, k, v, out, lse, scale, spec.causal, spec.deterministic, kernel, meta_checked=True)
+    return _backward_impl(dout, q, k, v, out, lse, scale, spec.causal, spec.deterministic, kernel, meta_checked=True,
+                          variant=variant)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -554,14 +573,18 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left=-1, window_right=-1, s
 def bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, softmax_scale: float, causal: bool, deterministic: bool,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward: (dq, dk, dv), contiguous, shaped like q, k, v, in q's dtype. out and lse
-    are the forward's; dout is the gradient of out (same shape, dtype and stride rules)."""
-    return _backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
+    are the forward's; dout is the gradient of out (same shape, dtype and stride rules); the
+    variant values are the forward's."""
+    variant = VariantArgs((window_left, window_right), softcap, alibi_slopes)
+    return _backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, variant=variant)
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, window_left=-1, window_right=-1,
+              softcap=0.0, alibi_slopes=None):
     _check_bwd_meta(dout, q, k, v, out, lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -575,8 +598,7 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
-    ctx.variants = [name for name, on in (("window_size", (window_left, window_right) != (-1, -1)),
-                                          ("softcap", softcap > 0), ("alibi_slopes", alibi_slopes is not None)) if on]
+    ctx.window, ctx.softcap, ctx.alibi_slopes = (window_left, window_right), softcap, alibi_slopes
     ctx.set_materialize_grads(False)  # an unused lse gets no gradient (None), not a tensor of zeros
 
 
@@ -597,11 +619,6 @@ def _in_kernel_layout(dout: torch.Tensor) -> torch.Tensor:
 
 
 def _fwd_backward(ctx, dout, dlse):
-    if ctx.variants:
-        raise NotImplementedError(
-            f"fa3gen: backward of window/softcap/alibi is not implemented yet (this call used "
-            f"{', '.join(ctx.variants)}); only plain and causal attention are differentiable"
-        )
     q, k, v, out, lse = ctx.saved_tensors
     if dlse is not None and _is_concrete(dlse) and bool(dlse.ne(0).any()):
         raise NotImplementedError(_LSE_GRAD_UNSUPPORTED)
@@ -611,7 +628,7 @@ def _fwd_backward(ctx, dout, dlse):
             return (None, None, None, *nones)
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.fa3gen.bwd(_in_kernel_layout(dout), q, k, v, out, lse, ctx.softmax_scale,
-                                      ctx.causal, ctx.deterministic)
+                                      ctx.causal, ctx.deterministic, *ctx.window, ctx.softcap, ctx.alibi_slopes)
     return (dq, dk, dv, *nones)
 
 
@@ -641,7 +658,7 @@ def flash_attn_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
 ):
-    """FlashAttention-3-style attention on Hopper, differentiable (plain and causal).
+    """FlashAttention-3-style attention on Hopper, differentiable.
 
     Args:
         q: (batch, seqlen_q, nheads_q, head_dim), fp16 or bf16, on a Hopper GPU.
@@ -668,9 +685,9 @@ def flash_attn_func(
     variants) compiles (or loads from the cache) its kernel; so does the first backward.
 
     Gradients: ``out.backward(...)`` / ``torch.autograd.grad`` give dq, dk, dv through the
-    backward kernels for head dims 64, 96, 128 (head_dim_v == head_dim), plain or causal. The
-    variants (window_size, softcap, alibi_slopes) are forward only: their backward raises
-    NotImplementedError, and so does a nonzero gradient flowing into lse (eager mode).
+    backward kernels (head_dim_v == head_dim), with the same causal mask and variants as the
+    forward (window_size, softcap, alibi_slopes; no gradient for the slopes). A nonzero gradient
+    flowing into lse raises NotImplementedError (eager mode).
     """
     _check_meta(q, k, v)
     if softmax_scale is None:

@@ -67,19 +67,21 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
                       window=bool(window), softcap=bool(softcap), alibi=bool(alibi))
 
 
-def default_bwd_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool,
-                     deterministic: bool = False) -> KernelSpec:
+def default_bwd_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, deterministic: bool = False,
+                     window: bool = False, softcap: bool = False, alibi: bool = False) -> KernelSpec:
     """The backward spec (dq, dk, dv) for a problem: the registry's when present, else the
-    backward defaults (deterministic=True: dQ additions in a fixed order, bit-identical runs)."""
+    backward defaults (deterministic=True: dQ additions in a fixed order, bit-identical runs;
+    the built-in variants of the forward it differentiates)."""
     canonical = _canonical_problem(head_dim, head_dim_v, dtype)
     if head_dim_v != head_dim:
         raise ValueError(
             f"backward supports head_dim_v == head_dim only so far, got head_dim={head_dim}, "
             f"head_dim_v={head_dim_v}"
         )
-    if not deterministic:
+    if not (deterministic or window or softcap or alibi):
         return REGISTRY[_registry_name(head_dim, canonical, bool(causal), "bwd")]
-    return KernelSpec(kind="bwd", head_dim=head_dim, dtype=canonical, causal=bool(causal), deterministic=True)
+    return KernelSpec(kind="bwd", head_dim=head_dim, dtype=canonical, causal=bool(causal),
+                      deterministic=bool(deterministic), window=bool(window), softcap=bool(softcap), alibi=bool(alibi))
 
 
 def resolve(text: str) -> KernelSpec:

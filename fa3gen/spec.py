@@ -62,17 +62,28 @@ def _bytes_per_element(dtype: str) -> int:
     return {"fp16": 2, "bf16": 2}.get(dtype, 2)  # an unknown dtype is reported by its own field
 
 
+# The fields a forward and its backward share: the problem and its variants, not the tiles.
+_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "causal", "window", "softcap", "alibi", "score_mod", "mask_mod",
+                   "params")
+
+
+def _bwd_dq_buffers(block_n: int) -> int:
+    """fp32 dQ tiles in shared memory: 2 when the warpgroups split the keys, 1 with the head-dim split."""
+    return 1 if block_n == WGMMA_M else 2
+
+
 def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int) -> int:
     """Backward shared memory: K and V of the CTA's key block, `stages` query blocks of Q, dO, LSE
     and D, two dS tiles (dQ of one step reads one while the next step writes the other), two P
-    tiles when the warpgroups split the head dim (block_n 64), and the fp32 dQ tile on its way to
-    the accumulator."""
+    tiles when the warpgroups split the head dim (block_n 64), and the fp32 dQ tiles on their way
+    to the accumulator (two when the warpgroups split the keys, so the consumers write one while
+    the writer warp reads out the other; one when the head-dim split needs the room for P)."""
     e = _bytes_per_element(dtype)
     kv = block_n * (head_dim + head_dim_v) * e
     q_do = stages * block_m * (head_dim + head_dim_v) * e + stages * block_m * 2 * 4
     ds = 2 * block_m * block_n * e
     p = ds if block_n == WGMMA_M else 0
-    dq = block_m * head_dim * 4
+    dq = _bwd_dq_buffers(block_n) * block_m * head_dim * 4
     return kv + q_do + ds + p + dq + BARRIER_SMEM_BYTES
 
 
@@ -239,18 +250,28 @@ class KernelSpec(BaseModel):
                                           ("epilogue", self.epilogue != "direct")) if on]
         if fwd_only:
             raise ValueError(f"{', '.join(fwd_only)} apply to forward kernels only; leave them unset for kind='bwd'")
-        variants = [name for name, on in (("window", self.window), ("softcap", self.softcap), ("alibi", self.alibi),
-                                          ("score_mod", self.score_mod is not None),
-                                          ("mask_mod", self.mask_mod is not None)) if on]
-        if variants:
-            raise ValueError(f"backward kernels do not support the variants {', '.join(variants)} yet "
-                             "(plain and causal attention only)")
+        if self.score_mod is not None and self.score_mod.grad is None:
+            raise ValueError(f"a backward kernel with score_mod {self.score_mod.expr!r} needs score_mod.grad, its "
+                             "derivative d(score_mod)/d(score) as an expression of the same names "
+                             "(e.g. '1' for an additive bias)")
         if self.smem_bytes > SMEM_BUDGET_BYTES:
             raise ValueError(f"backward shared memory {self.smem_bytes} B exceeds the {SMEM_BUDGET_BYTES} B budget "
                              f"(K, V {bn}x{d}, {self.stages} stages of Q, dO {bm}x{d}, dS): lower stages")
 
+    def _check_expressions(self) -> None:
+        check_params(self.params)
+        if self.score_mod is not None:
+            check_expression(self.score_mod.expr, "score_mod", self.params, allow_score=True)
+            if self.score_mod.grad is not None:
+                check_expression(self.score_mod.grad, "score_mod.grad", self.params, allow_score=True)
+        if self.mask_mod is not None:
+            check_expression(self.mask_mod.expr, "mask_mod", self.params, allow_score=False)
+        if self.params and self.score_mod is None and self.mask_mod is None:
+            raise ValueError("params are declared but neither score_mod nor mask_mod uses them")
+
     @model_validator(mode="after")
     def _check_hardware_limits(self) -> KernelSpec:
+        self._check_expressions()
         if self.kind == "bwd":
             self._check_bwd()
             return self
@@ -270,15 +291,6 @@ class KernelSpec(BaseModel):
                 f"block_n={bn} must be a multiple of {WGMMA_K} in [16, 256]: it is the N of the "
                 "Q·Kᵀ WGMMA (≤ 256) and the K of the P·V WGMMA (multiple of 16)"
             )
-        check_params(self.params)
-        if self.score_mod is not None:
-            check_expression(self.score_mod.expr, "score_mod", self.params, allow_score=True)
-            if self.score_mod.grad is not None:
-                check_expression(self.score_mod.grad, "score_mod.grad", self.params, allow_score=True)
-        if self.mask_mod is not None:
-            check_expression(self.mask_mod.expr, "mask_mod", self.params, allow_score=False)
-        if self.params and self.score_mod is None and self.mask_mod is None:
-            raise ValueError("params are declared but neither score_mod nor mask_mod uses them")
         if self.pingpong and nwg != 2:
             raise ValueError(f"pingpong needs num_consumer_warpgroups=2, got {nwg}")
         smem = self.smem_bytes
@@ -313,6 +325,19 @@ class KernelSpec(BaseModel):
         """Backward: the consumer warpgroups share the CTA's 64 keys and split the head dim of dK,
         dV (and the query columns of Sᵀ, dPᵀ), rather than owning 64 keys each."""
         return self.kind == "bwd" and self.block_n == WGMMA_M
+
+    def backward_spec(self, **changes: Any) -> KernelSpec:
+        """The spec of this forward kernel's backward: the same problem (head dims, dtype, causal)
+        and variants, with the backward's tiles (or `changes`, e.g. deterministic=True)."""
+        if self.kind != "fwd":
+            raise ValueError(f"backward_spec() is the backward of a forward spec; {self.name} is kind={self.kind!r}")
+        same = {name: getattr(self, name) for name in _PROBLEM_FIELDS}
+        return KernelSpec(kind="bwd", **{**same, **changes})
+
+    @property
+    def bwd_dq_buffers(self) -> int:
+        """Backward: fp32 dQ tiles in shared memory between the consumers and the writer warp."""
+        return _bwd_dq_buffers(self.block_n)
 
     @property
     def consumer_registers_estimate(self) -> int:

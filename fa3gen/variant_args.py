@@ -1,4 +1,5 @@
-"""The per-call values of a kernel's variants: checked against the spec, written into FwdParams.
+"""The per-call values of a kernel's variants: checked against the spec, written into the
+ABI's VariantParams (forward and backward).
 
 ``window_size``, ``softcap`` and ``alibi_slopes`` follow FlashAttention's conventions; the values of a
 custom spec's params are given by name. A value the spec does not compile in, or a spec variant
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .abi import MAX_TENSOR_DIMS, FwdParams
+from .abi import MAX_TENSOR_DIMS, VariantParams
 from .spec import KernelSpec
 from .variant import ScalarParam
 
@@ -77,9 +78,9 @@ class VariantArgs:
                 raise ValueError(f"fa3gen: param {param.name} must be a {param.ndim}-d {want} tensor on "
                                  f"{q.device}, got {got}")
 
-    def fill(self, p: FwdParams, spec: KernelSpec, causal: bool) -> None:
+    def fill(self, p: VariantParams, spec: KernelSpec, causal: bool, seqlen_q: int, seqlen_k: int) -> None:
         """Writes the values into the ABI struct (unbounded window sides become sq + sk)."""
-        unbounded = int(p.seqlen_q) + int(p.seqlen_k)
+        unbounded = int(seqlen_q) + int(seqlen_k)
         left, right = self.window_size
         p.window_left = unbounded if left < 0 else left
         p.window_right = unbounded if right < 0 else right

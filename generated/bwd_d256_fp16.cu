@@ -25,6 +25,7 @@
 
 #include "fa3gen/abi.h"
 #include "fa3gen/launch.cuh"
+#include "fa3gen/variant.cuh"
 #include "fa3gen/wgmma.cuh"
 
 // A named namespace (not an anonymous one): CuTe has anonymous namespaces of its own, and
@@ -47,8 +48,11 @@ constexpr int kConsumerWarpgroups = 2;
 constexpr int kMmaThreads = 128 * kConsumerWarpgroups;
 constexpr int kThreads = 128 + kMmaThreads;  // warpgroup 0 produces, the others consume
 constexpr uint32_t kDsBarrier = 0;       // named barrier: every consumer has written its part of dS
-constexpr uint32_t kDqFullBarrier = 1;   // consumers -> dQ writer warp: the dQ tile is in shared memory
-constexpr uint32_t kDqEmptyBarrier = 2;  // dQ writer warp -> consumers: the tile has been read out
+// dQ tiles alternate between kDqBuffers shared-memory buffers, each with its pair of named barriers:
+// full (consumers -> writer warp: the tile is there) and empty (writer -> consumers: read out).
+constexpr int kDqBuffers = 1;  // one where the head-dim split needs the room for P
+__host__ __device__ constexpr uint32_t dq_full_barrier(int buffer) { return 1 + 3 * buffer; }
+__host__ __device__ constexpr uint32_t dq_empty_barrier(int buffer) { return 2 + 3 * buffer; }
 constexpr int kDqWriterThreads = 32;     // warp 1 of the producer warpgroup
 constexpr uint32_t kPBarrier = 3;        // every consumer has written its part of P
 constexpr int kProducerRegisters = 40;
@@ -149,13 +153,23 @@ struct SharedStorage {
   // The dQ tile of one step in fragment order (value i of consumer thread t at i / 4 * kMmaThreads + t,
   // four values per 16 bytes): conflict-free stores, and the accumulator in global memory uses the
   // same order per tile, so one bulk reduction adds the whole tile.
-  alignas(128) float dq[kBlockM * kHeadDim];
+  alignas(128) float dq[kDqBuffers][kBlockM * kHeadDim];
   alignas(16) float lse_log2[kStages][kBlockM];  // log2-domain LSE of the block's rows (+inf: no keys)
   alignas(16) float dpsum[kStages][kBlockM];     // D = rowsum(dO ∘ O) of the block's rows
   alignas(8) uint64_t kv_full;                   // transaction barrier: K and V have landed
   typename PipelineQ::SharedStorage pipeline_q;
 };
 static_assert(sizeof(SharedStorage) <= 230912, "shared storage exceeds the spec's budget");
+
+// Run-time values of the spec's variants (empty without any), as the kernel reads them.
+struct VariantParams {
+};
+
+// The call's values of the variants this kernel compiles in; false when one is missing or out of range.
+inline bool load_variant_params(Fa3genVariantParams const& a, VariantParams& v) {
+  (void)a, (void)v;
+  return true;
+}
 
 struct KernelParams {
   TmaQ tma_q;
@@ -173,6 +187,7 @@ struct KernelParams {
   int32_t batch, seqlen_q, seqlen_k, nheads_q, nheads_kv, seqlen_q_rounded;
   float softmax_scale;
   float scale_log2;
+  VariantParams variant;
 };
 
 // Causal key blocks differ in work (the first sees every query block, the last one or two): CTAs are
@@ -196,18 +211,41 @@ __device__ __forceinline__ CtaCoordinates cta_coordinates(KernelParams const& p)
   return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
 }
 
-// The query blocks [begin, end) that see any key of key block n_block (causal: bottom-right aligned).
+// ---- the spec's expressions: score_mod, mask_mod and their parameters ----
+
+// ---- visibility: which keys a query row sees ----
+// Rows and keys align at the bottom-right corner (diagonal offset seqlen_k - seqlen_q). Row i sees
+// key j iff j < seqlen_k.
+
+// ---- which query blocks a key block visits, and which (query, key) pairs are masked ----
+// A query block visits a key block iff some pair of them is inside the band: the same test from
+// either side (query_block_range, first_key_block), so the deterministic dQ order and the key
+// blocks that add into a query block agree.
+
+// The query blocks [begin, end) with some row that sees some key of key block n_block.
 struct QueryBlockRange {
   int begin, end;
 };
 __device__ __forceinline__ QueryBlockRange query_block_range(KernelParams const& p, int n_block) {
-  int const end = cute::ceil_div(p.seqlen_q, int(kBlockM));
-  if constexpr (kCausal) {
-    // Query i sees key j iff j <= i + seqlen_k - seqlen_q: the first query that sees this block's first key.
-    int const first_row = n_block * kBlockN - (p.seqlen_k - p.seqlen_q);
-    return {first_row <= 0 ? 0 : min(end, first_row / kBlockM), end};
-  }
-  return {0, end};
+  QueryBlockRange range{0, cute::ceil_div(p.seqlen_q, int(kBlockM))};
+  return range;
+}
+
+// The first key block that visits query block m_block: its dQ additions count from there.
+__device__ __forceinline__ int first_key_block(KernelParams const& p, int m_block) {
+  return 0;
+}
+
+// True when some pair of key block n_block and query block m_block is masked.
+__device__ __forceinline__ bool block_needs_mask(KernelParams const& p, int n_block, int m_block) {
+  int const key0 = n_block * kBlockN;
+  return key0 + kBlockN > p.seqlen_k;
+}
+
+// Query `row` of (batch, head) sees `key`.
+__device__ __forceinline__ bool visible(KernelParams const& p, int batch, int head, int row, int key) {
+  (void)batch, (void)head;
+  return key < p.seqlen_k;
 }
 
 // ---- producer: one thread loads the CTA's K and V once, then per query block Q, dO and the rows'
@@ -256,24 +294,22 @@ __device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& sm
 //      dV += Pᵀ·dO and dK += dSᵀ·Q (P and dS from shared memory, both warpgroups' columns), dSᵀ to shared
 //      memory and dQ = dS·K added into the fp32 scratch ----
 
-// Pᵀ = exp2(Sᵀ · scale·log2(e) − LSE·log2(e)) in place: each column is one query row, whose LSE the
-// producer staged. Masked entries (keys past seqlen_k; causal: keys after the query's diagonal) are 0.
+// Pᵀ = exp2(score · log2(e) − LSE · log2(e)) in place: each column is one query row, whose LSE the
+// producer staged. Masked entries (keys past seqlen_k, keys the row does not see) are 0.
 template <class TensorS, class TensorCoord>
 __device__ __forceinline__ void probabilities(KernelParams const& p, TensorS& s, TensorCoord const& coord,
-                                              float const* lse_log2, int n_block, int m_block) {
+                                              float const* lse_log2, int n_block, int m_block, int batch, int head) {
   int const key0 = n_block * kBlockN;
-  int const diagonal = m_block * kBlockM + p.seqlen_k - p.seqlen_q;  // last key query row 0 of the block sees
-  bool const needs_mask = key0 + kBlockN > p.seqlen_k || (kCausal && key0 + kBlockN - 1 > diagonal);
+  bool const needs_mask = block_needs_mask(p, n_block, m_block);
   CUTLASS_PRAGMA_UNROLL
   for (int c = 0; c < size<1>(s); ++c) {
-    int const row = get<1>(coord(0, c));
-    float const lse = lse_log2[row];
+    int const row = m_block * kBlockM + get<1>(coord(0, c));
+    float const lse = lse_log2[get<1>(coord(0, c))];
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(s); ++r) {
-      float const prob = exp2f(fmaf(s(r, c), p.scale_log2, -lse));
       int const key = key0 + get<0>(coord(r, c));
-      bool const masked = needs_mask && (key >= p.seqlen_k || (kCausal && key > diagonal + row));
-      s(r, c) = masked ? 0.f : prob;
+      float const prob = exp2f(fmaf(s(r, c), p.scale_log2, -lse));
+      s(r, c) = needs_mask && !visible(p, batch, head, row, key) ? 0.f : prob;
     }
   }
 }
@@ -303,18 +339,18 @@ __device__ __forceinline__ void write_dq(KernelParams const& p, SharedStorage& s
   int const group = p.nheads_q / p.nheads_kv;
   int const num_m_blocks = cute::ceil_div(p.seqlen_q, int(kBlockM));
   int const steps = group * (range.end - range.begin);
-  int step = 0;
+  int step = 0, buffer = 0;
   for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
     int64_t const head_batch = int64_t(batch) * p.nheads_q + head;
     int* semaphore = p.dq_semaphore + head_batch * num_m_blocks;
     for (int m_block = range.begin; m_block < range.end; ++m_block) {
       float* tile = p.dq_accum + (head_batch * num_m_blocks + m_block) * (kBlockM * kHeadDim);
-      cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, kDqFullBarrier);
+      cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, dq_full_barrier(buffer));
       if (leader) {
         if constexpr (kDeterministic) {
-          while (load_acquire(semaphore + m_block) != n_block) {}
+          while (load_acquire(semaphore + m_block) != n_block - first_key_block(p, m_block)) {}
         }
-        bulk_reduce_add(tile, smem.dq, kBytesDq);
+        bulk_reduce_add(tile, smem.dq[buffer], kBytesDq);
         tma_store_arrive();
         if constexpr (kDeterministic) {
           asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the addition is complete, not just read
@@ -327,7 +363,11 @@ __device__ __forceinline__ void write_dq(KernelParams const& p, SharedStorage& s
       }
       __syncwarp();
       // The consumers wait on this before every tile but their first: no arrival is left over.
-      if (++step < steps) { cutlass::arch::NamedBarrier::arrive(kMmaThreads + kDqWriterThreads, kDqEmptyBarrier); }
+      if (step + kDqBuffers < steps) {
+        cutlass::arch::NamedBarrier::arrive(kMmaThreads + kDqWriterThreads, dq_empty_barrier(buffer));
+      }
+      ++step;
+      buffer = (buffer + 1) % kDqBuffers;
     }
   }
 }
@@ -404,7 +444,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
   PipelineState read;
   int buffer = 0;  // dS buffer of this step
-  bool first_step = true;
+  int dq_tiles = 0, dq_buffer = 0;  // dQ tiles handed to the writer so far, and the next one's buffer
   int const group = p.nheads_q / p.nheads_kv;
   for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
     for (int m_block = range.begin; m_block < range.end; ++m_block) {
@@ -416,7 +456,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
       fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dp, tDPrV, tDPrDO(_, _, _, stage), acc_dp);
       warpgroup_wait<1>();  // Sᵀ is ready; dPᵀ may still run
       Tensor p_rows = make_tensor(acc_s.data(), fa3gen::accumulator_as_rows_cols(acc_s.layout()));
-      probabilities(p, p_rows, s_coord, smem.lse_log2[stage], n_block, m_block);
+      probabilities(p, p_rows, s_coord, smem.lse_log2[stage], n_block, m_block, batch, head);
       fa3gen::convert_fragment<Element>(acc_s, tPrP);
       // Both warpgroups' P in shared memory, then dV += Pᵀ·dO runs while dS is computed.
       copy(tPrP, tSsP(_, _, _, buffer));
@@ -449,15 +489,18 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
 
       // The dQ tile to shared memory, once the writer warp has read out the previous one; the
       // writer adds it into the accumulator (scaled by softmax_scale when converted).
-      if (!first_step) { cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, kDqEmptyBarrier); }
-      first_step = false;
-      float4* dq_tile = reinterpret_cast<float4*>(smem.dq);
+      if (dq_tiles >= kDqBuffers) {
+        cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, dq_empty_barrier(dq_buffer));
+      }
+      float4* dq_tile = reinterpret_cast<float4*>(smem.dq[dq_buffer]);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc_dq) / 4; ++i) {
         dq_tile[i * kMmaThreads + mma_thread] = make_float4(acc_dq(4 * i), acc_dq(4 * i + 1), acc_dq(4 * i + 2), acc_dq(4 * i + 3));
       }
       cutlass::arch::fence_view_async_shared();  // the bulk copy engine reads what these threads wrote
-      cutlass::arch::NamedBarrier::arrive(kMmaThreads + kDqWriterThreads, kDqFullBarrier);
+      cutlass::arch::NamedBarrier::arrive(kMmaThreads + kDqWriterThreads, dq_full_barrier(dq_buffer));
+      ++dq_tiles;
+      dq_buffer = (dq_buffer + 1) % kDqBuffers;
     }
   }
 
@@ -628,6 +671,8 @@ extern "C" int fa3gen_bwd(const Fa3genBwdParams* a, void* stream_) {
   if (a->seqlen_k <= 0 || a->nheads_kv <= 0 || a->nheads_q % a->nheads_kv != 0) { return cudaErrorInvalidValue; }
   if (a->workspace == nullptr || reinterpret_cast<uintptr_t>(a->workspace) % 256 != 0) { return cudaErrorInvalidValue; }
   if (a->nheads_q > 65535 || a->batch > 65535) { return cudaErrorInvalidValue; }  // grid y and z
+  VariantParams variant{};
+  if (!load_variant_params(a->variant, variant)) { return cudaErrorInvalidValue; }
   if (cudaError_t err = fa3gen::raise_smem_limit_once<bwd_kernel>(int(sizeof(SharedStorage))); err != cudaSuccess) {
     return err;
   }
@@ -673,6 +718,7 @@ extern "C" int fa3gen_bwd(const Fa3genBwdParams* a, void* stream_) {
       a->batch, a->seqlen_q, a->seqlen_k, a->nheads_q, a->nheads_kv, seqlen_q_rounded,
       a->softmax_scale,
       a->softmax_scale * float(M_LOG2E),
+      variant,
   };
   // Every key block of a (batch, kv head) is launched after the ones before it (cta_coordinates): in
   // deterministic mode a CTA waits only for CTAs launched before it, so never for one with no SM yet.

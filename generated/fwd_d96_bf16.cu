@@ -98,9 +98,15 @@ struct SharedStorage {
 };
 static_assert(sizeof(SharedStorage) <= 148480, "shared storage exceeds the spec's budget");
 
-// Run-time values of the spec's variants (empty without any).
+// Run-time values of the spec's variants (empty without any), as the kernel reads them.
 struct VariantParams {
 };
+
+// The call's values of the variants this kernel compiles in; false when one is missing or out of range.
+inline bool load_variant_params(Fa3genVariantParams const& a, VariantParams& v) {
+  (void)a, (void)v;
+  return true;
+}
 
 struct KernelParams {
   TmaQ tma_q;
@@ -144,6 +150,7 @@ struct TileScheduler {
 struct TileHandoff {};  // both roles walk the same fixed sequence: nothing to hand over
 
 // ---- score modifications: none ----
+// ---- the spec's expressions: score_mod, mask_mod and their parameters ----
 
 // Scales the raw Q·Kᵀ scores and applies the modifications in the spec's order. Without any, the
 // scale stays folded into the softmax's exp2 and this does nothing.
@@ -156,7 +163,7 @@ __device__ __forceinline__ void apply_score_mods(KernelParams const& p, TensorS&
 __device__ __forceinline__ float softmax_scale_log2(KernelParams const& p) { return p.scale_log2; }
 __device__ __forceinline__ float lse_scale(KernelParams const& p) { return p.softmax_scale; }
 
-// ---- visibility: which keys a query row sees, and which key blocks a tile visits ----
+// ---- visibility: which keys a query row sees ----
 // Rows and keys align at the bottom-right corner (diagonal offset seqlen_k - seqlen_q). Row i sees
 // key j iff j < seqlen_k.
 
@@ -458,6 +465,7 @@ extern "C" int fa3gen_fwd(const Fa3genFwdParams* a, void* stream) {
       a->softmax_scale * float(M_LOG2E),
       VariantParams{},
   };
+  if (!load_variant_params(a->variant, p.variant)) { return cudaErrorInvalidValue; }
   int64_t const num_tiles = int64_t(cute::ceil_div(a->seqlen_q, kBlockM)) * a->nheads_q * a->batch;
   if (num_tiles > INT32_MAX - (1 << 20)) { return cudaErrorInvalidValue; }  // tile indices (and claims past the end) fit int
   // Persistent: one CTA per SM (one CTA fills an SM: shared memory is nearly all used).

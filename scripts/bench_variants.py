@@ -1,56 +1,124 @@
-"""Times fa3gen's attention variants beside the plain kernels and cuDNN SDPA, in one process.
+"""Times fa3gen's attention variants, forward and backward, beside cuDNN SDPA and FlexAttention, in
+one process.
 
-Usage (on a Hopper GPU): python scripts/bench_variants.py [--seqlens 4096,16384]
+Usage (on a Hopper GPU): python scripts/bench_variants.py [--seqlens 4096,16384] [--pass fwd|bwd|both]
 bf16, hdim 128, 16 heads, batch = 16384 / seqlen. TFLOP/s count the FLOPs of the full (or causal)
-problem, so a window's speed-up shows as a higher number; "ms" is the median time.
+problem (backward: 2.5x the forward's), so a window's speed-up shows as a higher number; "ms" is
+the median time of the pass alone (the backward is timed from saved forward outputs). FlexAttention
+is torch.compile'd flex_attention with the same score_mod / mask_mod and its BlockMask; the
+"x flex" columns divide its time by fa3gen's.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa3gen
-from fa3gen.bench import attn_fwd_flops, time_cuda_ms
+from fa3gen.bench import attn_bwd_flops, attn_fwd_flops, time_cuda_ms
+
+WINDOW = 1024
+SOFTCAP = 30.0
+
+
+def _flex():
+    """torch.compile'd flex_attention and create_block_mask, or the reason they are unavailable."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        return torch.compile(flex_attention, dynamic=False), create_block_mask, None
+    except Exception as e:  # no triton, an older torch
+        return None, None, f"{type(e).__name__}: {e}"
+
+
+def _fa3gen_variants(slopes: torch.Tensor) -> dict[str, tuple[bool, dict[str, Any]]]:
+    """(causal, flash_attn_func keywords) of each variant."""
+    return {
+        "plain": (False, {}),
+        "causal": (True, {}),
+        f"causal, window ({WINDOW}, 0)": (True, {"window_size": (WINDOW, 0)}),
+        f"window ({WINDOW}, {WINDOW})": (False, {"window_size": (WINDOW, WINDOW)}),
+        f"softcap {SOFTCAP:g}": (False, {"softcap": SOFTCAP}),
+        f"causal, softcap {SOFTCAP:g}": (True, {"softcap": SOFTCAP}),
+        "alibi": (False, {"alibi_slopes": slopes}),
+    }
+
+
+def _flex_mods(name: str, slopes: torch.Tensor) -> tuple[Callable | None, Callable | None]:
+    """FlexAttention's (score_mod, mask_mod) of the same variant (bottom-right = top-left: sq == sk)."""
+    causal = lambda b, h, q, kv: kv <= q  # noqa: E731
+    softcap = lambda s, b, h, q, kv: SOFTCAP * torch.tanh(s / SOFTCAP)  # noqa: E731
+    return {
+        "plain": (None, None),
+        "causal": (None, causal),
+        f"causal, window ({WINDOW}, 0)": (None, lambda b, h, q, kv: (kv <= q) & (q - kv <= WINDOW)),
+        f"window ({WINDOW}, {WINDOW})": (None, lambda b, h, q, kv: (q - kv <= WINDOW) & (kv - q <= WINDOW)),
+        f"softcap {SOFTCAP:g}": (softcap, None),
+        f"causal, softcap {SOFTCAP:g}": (softcap, causal),
+        "alibi": (lambda s, b, h, q, kv: s - slopes[h] * (q - kv).abs(), None),
+    }[name]
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    fn()
+    return time_cuda_ms(fn, 3, 10, 2.0)
+
+
+def _backward_timer(forward: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """A call that runs only the backward of one saved forward (its graph kept across calls)."""
+    out = forward()
+    dout = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seqlens", default="4096,16384")
+    ap.add_argument("--pass", dest="passes", choices=("fwd", "bwd", "both"), default="both")
     args = ap.parse_args()
+    passes = ("fwd", "bwd") if args.passes == "both" else (args.passes,)
+    flex, create_block_mask, flex_missing = _flex()
+    if flex_missing:
+        print(f"FlexAttention unavailable here ({flex_missing}): its columns are empty")
     d, h = 128, 16
     for s in (int(x) for x in args.seqlens.split(",")):
         b = max(1, 16384 // s)
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))  # (b, h, s, d) for SDPA, flex
         slopes = torch.rand(h, device="cuda")
-        cases = {
-            "plain": (False, lambda: fa3gen.flash_attn_func(q, k, v)),
-            "causal": (True, lambda: fa3gen.flash_attn_func(q, k, v, causal=True)),
-            "causal, window (1024, 0)": (True, lambda: fa3gen.flash_attn_func(q, k, v, causal=True, window_size=(1024, 0))),
-            "window (1024, 1024)": (False, lambda: fa3gen.flash_attn_func(q, k, v, window_size=(1024, 1024))),
-            "softcap 30": (False, lambda: fa3gen.flash_attn_func(q, k, v, softcap=30.0)),
-            "causal, softcap 30": (True, lambda: fa3gen.flash_attn_func(q, k, v, causal=True, softcap=30.0)),
-            "alibi": (False, lambda: fa3gen.flash_attn_func(q, k, v, alibi_slopes=slopes)),
-        }
-
-        def cudnn(causal):
-            def run():
+        print(f"\n## bf16 hdim {d}, batch {b}, seqlen {s}, {h} heads\n")
+        head = "| case |" + "".join(f" {p} ms | {p} TFLOP/s | flex {p} ms | x flex |" for p in passes)
+        print(head + "\n|---|" + "---|---|---|---|" * len(passes))
+        rows: dict[str, tuple[bool, dict[str, Callable | None]]] = {}
+        for name, (causal, kw) in _fa3gen_variants(slopes).items():
+            fwd = (lambda kw=kw, causal=causal: fa3gen.flash_attn_func(q, k, v, causal=causal, **kw))
+            flex_fwd = None
+            if flex is not None:
+                score_mod, mask_mod = _flex_mods(name, slopes)
+                block_mask = create_block_mask(mask_mod, b, h, s, s) if mask_mod else None
+                flex_fwd = (lambda sm=score_mod, bm=block_mask: flex(qt, kt, vt, score_mod=sm, block_mask=bm))
+            rows[name] = (causal, {"fwd": fwd, "flex": flex_fwd})
+        for causal, label in ((False, "cuDNN plain"), (True, "cuDNN causal")):
+            def cudnn(causal=causal):
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-            return run
-
-        cases["cuDNN plain"] = (False, cudnn(False))
-        cases["cuDNN causal"] = (True, cudnn(True))
-        print(f"\n## bf16 hdim {d}, batch {b}, seqlen {s}, {h} heads\n\n| case | ms | TFLOP/s (full-problem FLOPs) |\n|---|---|---|")
-        for name, (causal, fn) in cases.items():
-            fn()
-            ms = time_cuda_ms(fn, 3, 10, 2.0)
-            tflops = attn_fwd_flops(b, h, s, s, d, causal) / (ms * 1e-3) / 1e12
-            print(f"| {name} | {ms:.3f} | {tflops:.1f} |", flush=True)
+            rows[label] = (causal, {"fwd": cudnn, "flex": None, "sdpa": True})
+        for name, (causal, fns) in rows.items():
+            cells = []
+            for p in passes:
+                flops = (attn_fwd_flops if p == "fwd" else attn_bwd_flops)(b, h, s, s, d, causal)
+                ins = (qt, kt, vt) if fns.get("sdpa") else (q, k, v)
+                ms = _time(fns["fwd"] if p == "fwd" else _backward_timer(fns["fwd"], ins))
+                flex_ms = math.nan
+                if fns["flex"] is not None:
+                    flex_ms = _time(fns["flex"] if p == "fwd" else _backward_timer(fns["flex"], (qt, kt, vt)))
+                cells.append(f" {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.1f} | {flex_ms:.3f} | {flex_ms / ms:.2f} |")
+            print(f"| {name} |" + "".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu"), str(ROOT / "examples")]
 
 import fa3gen  # noqa: E402
-from fa3gen import REGISTRY, KernelSpec, ablation, registry  # noqa: E402
+from fa3gen import REGISTRY, KernelSpec, ablation  # noqa: E402
 
 PINGPONG_SPEC = KernelSpec(head_dim=128, causal=True, pingpong=True)  # device_run.sh sanitizes it
 
 
 def gpu_specs() -> list[KernelSpec]:
     import test_switches_gpu
+    import test_variants_bwd_gpu
     import test_variants_gpu
     import variants as variant_examples
 
@@ -32,9 +33,7 @@ def gpu_specs() -> list[KernelSpec]:
     specs += [KernelSpec(**{**s.model_dump(), "deterministic": True}) for s in REGISTRY.values() if s.kind == "bwd"]
     specs += [KernelSpec(head_dim=192, head_dim_v=128, causal=c) for c in (False, True)]  # test_fwd_gpu
     specs += list(test_switches_gpu.SPECS) + [test_switches_gpu.CUSTOM_SPEC]
-    specs += list(test_variants_gpu.SPECS)
-    # test_bwd_gpu runs each built-in variant's causal registry kernel forward (its backward must raise).
-    specs += [registry.default_spec(128, 128, "bf16", True, **{v: True}) for v in ("window", "softcap", "alibi")]
+    specs += list(test_variants_gpu.SPECS) + list(test_variants_bwd_gpu.SPECS)
     specs += [variant_examples.DOCUMENTS_IN_A_WINDOW, variant_examples.SCALED_RELATIVE_BIAS]
     specs += [s for s in ablation.variants().values() if s is not None]
     specs.append(PINGPONG_SPEC)

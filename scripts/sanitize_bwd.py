@@ -1,5 +1,6 @@
 """A tiny backward workload for compute-sanitizer (device_run.sh's sanitize step): ragged, GQA,
-sq != sk, causal and not, deterministic and not, through autograd. Prints one line per case."""
+sq != sk, causal and not, deterministic and not, built-in variants, through autograd. Prints one
+line per case."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
 
-CASES = [  # b, sq, sk, hq, hkv, d, dtype, causal, deterministic
+CASES = [  # b, sq, sk, hq, hkv, d, dtype, causal, deterministic[, variant]
     (1, 77, 200, 4, 2, 128, torch.bfloat16, True, False),
     (2, 150, 70, 2, 1, 64, torch.float16, True, True),
     (1, 130, 130, 3, 3, 96, torch.bfloat16, False, True),
@@ -19,14 +20,19 @@ CASES = [  # b, sq, sk, hq, hkv, d, dtype, causal, deterministic
     # Head-dim split (P and dS exchanged through shared memory), one stage at 256.
     (1, 100, 190, 2, 1, 256, torch.bfloat16, True, False),
     (2, 70, 130, 2, 2, 192, torch.float16, False, True),
+    # A window's key blocks skip the query blocks outside the band (deterministic: its dQ order
+    # starts at the band's first key block); softcap's derivative in dS.
+    (1, 300, 500, 4, 2, 128, torch.bfloat16, True, True, dict(window_size=(100, 0))),
+    (2, 200, 150, 4, 2, 128, torch.bfloat16, False, False, dict(softcap=5.0)),
 ]
 
-for b, sq, sk, hq, hkv, d, dt, causal, det in CASES:
+for b, sq, sk, hq, hkv, d, dt, causal, det, *variant in CASES:
+    variant = variant[0] if variant else {}
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt, requires_grad=True)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, requires_grad=True)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, requires_grad=True)
-    out = fa3gen.flash_attn_func(q, k, v, causal=causal, deterministic=det)
+    out = fa3gen.flash_attn_func(q, k, v, causal=causal, deterministic=det, **variant)
     out.backward(torch.randn_like(out))
     torch.cuda.synchronize()
     finite = all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
-    print("ok", (b, sq, sk, hq, hkv, d, dt, causal, det), "finite grads:", finite, flush=True)
+    print("ok", (b, sq, sk, hq, hkv, d, dt, causal, det, variant), "finite grads:", finite, flush=True)

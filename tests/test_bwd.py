@@ -24,6 +24,7 @@ from fa3gen import REGISTRY, KernelSpec, abi, ops, registry
 from fa3gen.bench import _parse, attn_bwd_flops, attn_fwd_flops
 from fa3gen.reference import attention_reference, attention_reference_grads
 from fa3gen.spec import SMEM_BUDGET_BYTES
+from fa3gen.variant_args import VariantArgs
 from fa3gen_testing import MINI_TEMPLATE, REPO, write_templates
 
 
@@ -70,12 +71,9 @@ def test_bwd_spec_defaults(d, block_n, stages):
         ({"kind": "bwd", "head_dim": 64, "block_m": 128}, r"block_m=128 must be 64"),
         ({"kind": "bwd", "head_dim": 256, "stages": 2}, r"backward shared memory 2\d+ B exceeds"),
         ({"kind": "bwd", "head_dim": 128, "head_dim_v": 64}, r"head_dim_v == head_dim"),
-        ({"kind": "bwd", "head_dim": 128, "window": True}, r"do not support the variants window"),
-        ({"kind": "bwd", "head_dim": 128, "softcap": True}, r"do not support the variants softcap"),
-        ({"kind": "bwd", "head_dim": 128, "alibi": True}, r"do not support the variants alibi"),
-        ({"kind": "bwd", "head_dim": 64, "score_mod": {"expr": "score"}}, r"do not support the variants score_mod"),
-        ({"kind": "bwd", "head_dim": 64, "mask_mod": {"expr": "kv_idx <= q_idx"}},
-         r"do not support the variants mask_mod"),
+        ({"kind": "bwd", "head_dim": 64, "score_mod": {"expr": "score * 2"}}, r"needs score_mod.grad, its derivative"),
+        ({"kind": "bwd", "head_dim": 64, "score_mod": {"expr": "score", "grad": "1 + nope"}},
+         r"score_mod.grad '1 \+ nope' uses unknown name\(s\) nope"),
         ({"kind": "bwd", "head_dim": 128, "pingpong": True}, r"pingpong apply to forward kernels only"),
         ({"kind": "bwd", "head_dim": 128, "scheduler": "lpt"}, r"scheduler apply to forward kernels only"),
         ({"head_dim": 128, "deterministic": True}, r"deterministic applies to backward kernels"),
@@ -140,6 +138,41 @@ def test_render_bwd_spec():
     assert fa3gen.render(KernelSpec(kind="bwd", head_dim=128, causal=True, deterministic=True)) != source
 
 
+def test_backward_spec_of_a_forward_spec():
+    fwd = KernelSpec(head_dim=128, dtype="fp16", causal=True, window=True, softcap=True, block_n=64, pingpong=True)
+    bwd = fwd.backward_spec()
+    assert bwd.kind == "bwd" and not bwd.deterministic
+    assert (bwd.head_dim, bwd.dtype, bwd.causal, bwd.window, bwd.softcap, bwd.alibi) == (128, "fp16", True, True, True, False)
+    assert (bwd.block_m, bwd.block_n, bwd.pingpong) == (64, 128, False)  # the backward's tiles, not the forward's
+    assert fwd.backward_spec(deterministic=True).deterministic
+    custom = KernelSpec(head_dim=128, score_mod={"expr": "score / temp", "grad": "1.f / temp"}, params=[{"kind": "scalar", "name": "temp"}])
+    assert custom.backward_spec().score_mod == custom.score_mod and custom.backward_spec().params == custom.params
+    with pytest.raises(ValueError, match="backward of a forward spec"):
+        bwd.backward_spec()
+    with pytest.raises(ValidationError, match="needs score_mod.grad"):
+        KernelSpec(head_dim=128, score_mod={"expr": "score * 2"}).backward_spec()
+
+
+def test_render_bwd_variants():
+    """Each variant's backward code is selected by the spec: the forward's score modifications with
+    their derivative, the band's query-block range, and the deterministic order's first key block."""
+    plain = fa3gen.render(KernelSpec(kind="bwd", head_dim=128, causal=True))
+    window = fa3gen.render(KernelSpec(kind="bwd", head_dim=128, causal=True, window=True, deterministic=True))
+    softcap = fa3gen.render(KernelSpec(kind="bwd", head_dim=128, softcap=True, alibi=True))
+    custom = fa3gen.render(KernelSpec(kind="bwd", head_dim=128, score_mod={"expr": "score / temp", "grad": "1.f / temp"},
+                                      mask_mod={"expr": "kv_idx != q_idx"}, params=[{"kind": "scalar", "name": "temp"}]))
+    assert "p.variant.window_left" not in plain and "tanh_approx" not in plain and "score_grad" not in plain
+    assert "p.variant.window_right;" not in plain and "p.scale_log2, -lse" in plain
+    assert "+ p.variant.window_left;" in window  # the last query row that sees the key block
+    assert "n_block - first_key_block(p, m_block)" in window
+    assert "return max(first_visible_key(p, m_block * kBlockM), 0) / kBlockN;" in window
+    assert "dscore = 1.f - t * t;" in softcap and "* float(score_grad(r, c))" in softcap
+    assert "using ScoreGrad = cutlass::half_t;" in softcap and "using ScoreGrad = float;" in custom
+    assert "p.variant.alibi_slopes[batch * p.variant.alibi_batch_stride + head]" in softcap
+    assert "return float(1.f / temp);" in custom and "dscore *= score_mod_grad(p, score, batch, head, row, key);" in custom
+    assert "mask_mod(p, batch, head, row, key)" in custom and "return true;" in custom  # mask_mod: every block masks
+
+
 @pytest.mark.parametrize("fields", [{"head_dim": 256}, {"head_dim": 128, "block_n": 64}])
 def test_render_bwd_head_dim_split(fields):
     """block_n=64: the warpgroups split the head dim, P gets a shared-memory tile, and the dV and dK
@@ -167,6 +200,7 @@ int main() {
   std::printf("limits %d %d %d\\n", FA3GEN_MAX_SCALAR_ARGS, FA3GEN_MAX_TENSOR_ARGS, FA3GEN_MAX_TENSOR_DIMS);
   std::printf("Fa3genFwdParams sizeof %zu %zu\\n", sizeof(Fa3genFwdParams), alignof(Fa3genFwdParams));
   std::printf("Fa3genBwdParams sizeof %zu %zu\\n", sizeof(Fa3genBwdParams), alignof(Fa3genBwdParams));
+  std::printf("Fa3genVariantParams sizeof %zu %zu\\n", sizeof(Fa3genVariantParams), alignof(Fa3genVariantParams));
 %FIELDS%
 }
 """
@@ -178,7 +212,7 @@ def c_layout(tmp_path_factory) -> str:
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to compile abi.h")
-    fields = [f"  FIELD(Fa3gen{cls.__name__}, {name})" for cls in (abi.FwdParams, abi.BwdParams)
+    fields = [f"  FIELD(Fa3gen{cls.__name__}, {name})" for cls in (abi.FwdParams, abi.BwdParams, abi.VariantParams)
               for name, _ in cls._fields_]
     tmp = tmp_path_factory.mktemp("abi")
     (tmp / "layout.cpp").write_text(_LAYOUT_PROGRAM.replace("%FIELDS%", "\n".join(fields)))
@@ -187,7 +221,7 @@ def c_layout(tmp_path_factory) -> str:
     return subprocess.run([str(tmp / "layout")], check=True, capture_output=True, text=True).stdout
 
 
-@pytest.mark.parametrize("cls", [abi.FwdParams, abi.BwdParams], ids=["fwd", "bwd"])
+@pytest.mark.parametrize("cls", [abi.FwdParams, abi.BwdParams, abi.VariantParams], ids=["fwd", "bwd", "variant"])
 def test_params_struct_matches_the_header(c_layout, cls):
     struct = f"Fa3gen{cls.__name__}"
     c_fields = {}
@@ -216,7 +250,7 @@ def test_bwd_struct_field_order_is_the_headers():
 
 def test_abi_constants_match_the_header(c_layout):
     lines = dict(line.split(" ", 1) for line in c_layout.splitlines() if line.split()[0] in ("version", "limits"))
-    assert int(lines["version"]) == abi.ABI_VERSION == 4
+    assert int(lines["version"]) == abi.ABI_VERSION == 5
     assert tuple(map(int, lines["limits"].split())) == (abi.MAX_SCALAR_ARGS, abi.MAX_TENSOR_ARGS,
                                                         abi.MAX_TENSOR_DIMS)
 
@@ -421,7 +455,8 @@ def test_bwd_kernel_selection_memo_and_params(recorder):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty(2, 9, 2, 64, dtype=torch.bfloat16)
     for deterministic in (True, True, False):
         ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, 0.3, True, deterministic)
-    assert recorder.specs == [("bwd spec", 64, 64, "bf16", True, True), ("bwd spec", 64, 64, "bf16", True, False)]
+    assert recorder.specs == [("bwd spec", 64, 64, "bf16", True, True, False, False, False),
+                              ("bwd spec", 64, 64, "bf16", True, False, False, False, False)]
     p, stream = recorder.launches[-1]
     assert stream == 4321
     assert (p.q, p.k, p.v, p.o, p.dout, p.lse) == tuple(t.data_ptr() for t in (q, k, v, out, dout, lse))
@@ -435,6 +470,29 @@ def test_bwd_kernel_selection_memo_and_params(recorder):
     assert p.softmax_scale == pytest.approx(0.3)
     assert p.workspace  # the scratch it asked for, sized from the problem (asked before it is set)
     assert recorder.asked[-1] == (2, 9, None)
+
+
+def test_bwd_launch_takes_the_variant_values(recorder):
+    """The variant's kernel is asked for, and its values reach the launch's params (causal caps
+    the window's right side at the diagonal, as in the forward)."""
+    dout, q, k, v, out, lse = bwd_inputs()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    slopes = torch.rand(q.shape[2])
+    variant = VariantArgs((5, 3), 7.5, slopes)
+    ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, 0.3, True, False, variant=variant)
+    assert recorder.specs[-1][-3:] == (True, True, True)
+    recorder.specs.clear()
+    spec = KernelSpec(kind="bwd", head_dim=q.shape[-1], causal=True, window=True, softcap=True, alibi=True)
+    kernel = types.SimpleNamespace(spec=spec, bwd_workspace_bytes=lambda p: 0, bwd=lambda p, s: launched.append(p))
+    launched = []
+    ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, 0.3, True, False, kernel, variant)
+    (p,) = launched
+    assert (p.variant.window_left, p.variant.window_right) == (5, 0)
+    assert p.variant.softcap == pytest.approx(7.5) and p.variant.alibi_slopes == slopes.data_ptr()
+    with pytest.raises(ValueError, match="needs softcap"):  # the spec compiles softcap in: a value is required
+        ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, 0.3, True, False, kernel,
+                        VariantArgs((5, 3), 0.0, slopes))
+    assert not recorder.specs
 
 
 def test_bwd_workspace_alignment_is_checked(recorder, monkeypatch):
@@ -481,11 +539,13 @@ def cpu_ops(monkeypatch):
         return out.to(q.dtype), lse.to(torch.float32)
 
     def backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic=False, kernel=None,
-                 meta_checked=False):
+                 meta_checked=False, variant=ops.NO_VARIANT):
         ops._check_bwd_meta(dout, q, k, v, out, lse)  # the layout the kernel would get
         calls.append(dict(scale=softmax_scale, causal=causal, deterministic=deterministic, dout=dout,
-                          saved=(q, k, v, out, lse)))
-        return tuple(g.to(q.dtype) for g in attention_reference_grads(q, k, v, dout, softmax_scale, causal))
+                          saved=(q, k, v, out, lse), variant=variant))
+        grads = attention_reference_grads(q, k, v, dout, softmax_scale, causal, window_size=variant.window_size,
+                                          softcap=variant.softcap, alibi_slopes=variant.alibi_slopes)
+        return tuple(g.to(q.dtype) for g in grads)
 
     monkeypatch.setattr(ops, "_forward_impl", forward)
     monkeypatch.setattr(ops, "_backward_impl", backward)
@@ -565,14 +625,24 @@ def test_only_some_inputs_require_grad(cpu_ops):
 
 @pytest.mark.parametrize("variant", [dict(window_size=(3, 0)), dict(window_size=(-1, 2)), dict(softcap=5.0),
                                      dict(alibi_slopes="slopes")], ids=["window", "window-right", "softcap", "alibi"])
-def test_variants_have_no_backward_yet(cpu_ops, variant):
+def test_variants_reach_the_backward(cpu_ops, variant):
+    """The forward's variant values go to the backward op unchanged; the slopes get no gradient."""
     q, k, v = qkv(requires_grad=True)
     if variant.get("alibi_slopes") == "slopes":
-        variant = dict(alibi_slopes=torch.rand(4))
-    out = ops.flash_attn_func(q, k, v, causal=True, **variant)  # the forward runs
-    with pytest.raises(NotImplementedError, match=r"backward of window/softcap/alibi is not implemented yet"):
-        out.sum().backward()
-    assert not cpu_ops
+        variant = dict(alibi_slopes=torch.rand(4, requires_grad=True))
+    out = ops.flash_attn_func(q, k, v, causal=True, **variant)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    (call,) = cpu_ops
+    got = call["variant"]
+    assert tuple(got.window_size) == tuple(variant.get("window_size", (-1, -1)))
+    assert got.softcap == variant.get("softcap", 0.0)
+    assert got.alibi_slopes is variant.get("alibi_slopes")
+    if "alibi_slopes" in variant:
+        assert variant["alibi_slopes"].grad is None
+    want = attention_reference_grads(q.detach(), k.detach(), v.detach(), dout, 1 / 8, True, **variant)
+    for g, w in zip((q.grad, k.grad, v.grad), want):
+        torch.testing.assert_close(g, w.to(q.dtype), rtol=0, atol=0)
 
 
 def test_lse_gradient_is_refused(cpu_ops):

@@ -285,20 +285,6 @@ def test_cuda_graph_capture_of_the_backward():
             assert torch.equal(s, e)
 
 
-@pytest.mark.parametrize("variant", [dict(window_size=(128, 0)), dict(softcap=20.0), dict(alibi_slopes="slopes")],
-                         ids=["window", "softcap", "alibi"])
-def test_variants_have_no_backward_yet(variant):
-    gen = torch.Generator(device="cuda").manual_seed(25)
-    q, k, v = (t.detach().requires_grad_()
-               for t in make_inputs(1, 256, 256, 4, 2, 128, 128, torch.bfloat16, "contiguous", gen))
-    if variant.get("alibi_slopes") == "slopes":
-        variant = dict(alibi_slopes=torch.rand(4, device="cuda"))
-    out = flash_attn_func(q, k, v, causal=True, **variant)  # the forward runs
-    assert torch.isfinite(out).all()
-    with pytest.raises(NotImplementedError, match="backward of window/softcap/alibi is not implemented yet"):
-        out.float().sum().backward()
-
-
 @pytest.mark.parametrize("b, sq, sk", [(0, 16, 16), (2, 0, 16), (2, 16, 0)])
 def test_empty_problems(b, sq, sk):
     q = torch.randn(b, sq, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)

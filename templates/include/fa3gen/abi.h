@@ -3,7 +3,7 @@
 #pragma once
 #include <stdint.h>
 
-#define FA3GEN_ABI_VERSION 4
+#define FA3GEN_ABI_VERSION 5
 #define FA3GEN_MAX_SCALAR_ARGS 8
 #define FA3GEN_MAX_TENSOR_ARGS 8
 #define FA3GEN_MAX_TENSOR_DIMS 4
@@ -11,6 +11,19 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// Run-time values of the attention variants, the same for the forward and its backward; a kernel
+// reads only those its spec compiles in.
+typedef struct Fa3genVariantParams {
+  int32_t window_left, window_right;  // local window: keys [i + sk - sq - left, i + sk - sq + right], both >= 0
+  float softcap;                      // soft-capping: score = softcap * tanh(score / softcap), > 0
+  const float* alibi_slopes;          // ALiBi slope of (batch b, head h): alibi_slopes[b * alibi_batch_stride + h]
+  int64_t alibi_batch_stride;
+  float float_args[FA3GEN_MAX_SCALAR_ARGS];    // float32 scalar params, in declaration order
+  int32_t int_args[FA3GEN_MAX_SCALAR_ARGS];    // int32 scalar params, in declaration order
+  const void* tensor_args[FA3GEN_MAX_TENSOR_ARGS];                           // tensor params
+  int64_t tensor_strides[FA3GEN_MAX_TENSOR_ARGS][FA3GEN_MAX_TENSOR_DIMS];  // their strides, in elements
+} Fa3genVariantParams;
 
 // Forward attention problem. Tensors are laid out (batch, seqlen, nheads, headdim) with a
 // contiguous last dimension; strides are in elements. lse is (batch, nheads_q, seqlen_q), contiguous.
@@ -29,15 +42,7 @@ typedef struct Fa3genFwdParams {
   // Device scratch of at least fa3gen_fwd_workspace_bytes() bytes (NULL when that is 0), 16-byte
   // aligned, used by this launch only. The library initializes it on `stream` itself.
   void* workspace;
-  // Variants; a kernel reads only those its spec compiles in.
-  int32_t window_left, window_right;  // local window: keys [i + sk - sq - left, i + sk - sq + right], both >= 0
-  float softcap;                      // soft-capping: score = softcap * tanh(score / softcap), > 0
-  const float* alibi_slopes;          // ALiBi slope of (batch b, head h): alibi_slopes[b * alibi_batch_stride + h]
-  int64_t alibi_batch_stride;
-  float float_args[FA3GEN_MAX_SCALAR_ARGS];    // float32 scalar params, in declaration order
-  int32_t int_args[FA3GEN_MAX_SCALAR_ARGS];    // int32 scalar params, in declaration order
-  const void* tensor_args[FA3GEN_MAX_TENSOR_ARGS];                           // tensor params
-  int64_t tensor_strides[FA3GEN_MAX_TENSOR_ARGS][FA3GEN_MAX_TENSOR_DIMS];  // their strides, in elements
+  Fa3genVariantParams variant;
 } Fa3genFwdParams;
 
 // Backward problem: the forward's inputs, its output o and lse, the output gradient dout, and the
@@ -65,6 +70,7 @@ typedef struct Fa3genBwdParams {
   // Device scratch of at least fa3gen_bwd_workspace_bytes(params) bytes, 256-byte aligned, used by
   // this launch only (fp32 dQ accumulator, per-row softmax statistics, dQ ordering semaphores).
   void* workspace;
+  Fa3genVariantParams variant;  // the forward's variant values
 } Fa3genBwdParams;
 
 // Every kernel library exports these two symbols ...
