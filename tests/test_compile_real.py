@@ -34,15 +34,17 @@ SPECS = {
     "d128_custom_relative_bias": KernelSpec(
         head_dim=128, score_mod={"expr": "score + gain * bias(h, q_idx - kv_idx + seqlen_k - 1)", "grad": "1.f"},
         params=[{"kind": "scalar", "name": "gain"}, {"kind": "tensor", "name": "bias", "ndim": 2}]),
-    # Backward: the registry's hdim 128 causal kernel in deterministic mode (the dQ ordering path),
-    # hdim 96 fp16, whose dQ halves (N = 48) need K's narrower swizzle, and the head-dim split of
-    # 256 (one stage, P and dS through shared memory) and of 192 (Q's and dO's swizzle narrowed).
-    # (The registry's non-deterministic causal kernels of hdim 128 and 256 spill 8 bytes: two
-    # values the consumers reload from L1 once per query block.)
-    "bwd_d128_causal_deterministic": KernelSpec(kind="bwd", head_dim=128, causal=True, deterministic=True),
+    # Backward: a causal kernel in deterministic mode (the dQ ordering path, the double-buffered dQ
+    # tile), hdim 96 fp16, whose dQ halves (N = 48) need K's narrower swizzle, the head-dim split of
+    # 256 (one stage, P and dS through shared memory) and of 192 (Q's and dO's swizzle narrowed),
+    # and a variant's backward (soft-capping's derivative in dS, causal).
+    # (The causal kernels of hdim 128 spill 12 bytes and those of 256 24 bytes, the variant kernels
+    # of hdim 128 more: values the consumers reload from L1. See BENCHMARKS.md.)
+    "bwd_d64_causal_deterministic": KernelSpec(kind="bwd", head_dim=64, causal=True, deterministic=True),
     "bwd_d96_fp16": REGISTRY["bwd_d96_fp16"],
     "bwd_d256": REGISTRY["bwd_d256_bf16"],
     "bwd_d192_fp16": REGISTRY["bwd_d192_fp16"],
+    "bwd_d64_fp16_causal_softcap": KernelSpec(kind="bwd", head_dim=64, dtype="fp16", causal=True, softcap=True),
 }
 NAMES = list(SPECS)
 

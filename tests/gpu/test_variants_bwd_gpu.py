@@ -23,6 +23,7 @@ from fa3gen import ops
 from fa3gen.reference import attention_reference, attention_reference_grads
 from fa3gen.variant_args import VariantArgs
 from gpu_checks import prebuild
+from test_fwd_gpu import EPS
 from test_variants_gpu import DTYPES, documents_spec, inputs, t5_buckets
 
 pytestmark = [
@@ -96,9 +97,18 @@ def check_variant_grads(q, k, v, causal, kernels_, variant: VariantArgs, tol, **
         assert torch.isfinite(g).all(), f"{name} has NaN/inf (unwritten or bad elements)"
         unseen = row_sees_nothing.transpose(1, 2) if name == "dq" else key_seen_by_nobody
         assert (g[unseen] == 0).all(), f"{name}: rows that see (keys seen by) nothing must be exactly 0"
-        err = float((g.double() - r).norm() / r.norm().clamp_min(1e-30))
+        if float(r.norm()) <= 1e-10 * math.sqrt(r.numel()):
+            # Every row sees one key (window (0, 0)): the softmax is constant, dq and dk are 0 up to
+            # float64 noise, and no relative error can be taken. fp32 rounding noise passes, a
+            # wrong kernel's O(0.1) does not.
+            rms = float(g.double().norm()) / math.sqrt(g.numel())
+            assert rms <= EPS[bwd_kernel.spec.dtype], f"{name} should be ~0 (one key per row), rms {rms:.3e}"
+            continue
+        err = float((g.double() - r).norm() / r.norm())
         assert err < tol, f"{name}: rel err {err:.2e} >= {tol:.0e} (q {tuple(q.shape)}, k {tuple(k.shape)})"
         errs.append(err)
+    print(f"{bwd_kernel.spec.name} q {tuple(q.shape)} k {tuple(k.shape)} {variant}: rel err dq/dk/dv "
+          + " ".join(f"{e:.2e}" for e in errs))
     return errs
 
 
@@ -141,6 +151,7 @@ def test_composed_variants_through_autograd():
     ref = attention_reference_grads(q.detach(), k.detach(), v.detach(), dout, None, True, **variant)
     for name, g, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref):
         err = float((g.double() - r).norm() / r.norm())
+        print(f"composed causal+window+softcap+alibi GQA through autograd: {name} rel err {err:.2e}")
         assert err < SOFTCAP_TOLERANCE["bf16"], f"{name}: rel err {err:.2e}"
 
 
