@@ -1,5 +1,6 @@
 """Attention variants with fa3gen: built-ins (sliding window, soft-capping, ALiBi) and two custom
-ones from spec expressions, each checked against the float64 reference.
+ones from spec expressions, each checked against the float64 reference, and their gradients:
+built-ins through autograd, a custom one through its backward kernel.
 
 Run on a Hopper GPU: python examples/variants.py
 Elsewhere it renders and validates the custom specs and says that running them needs a Hopper GPU.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import fa3gen
-from fa3gen.reference import attention_reference
+from fa3gen.reference import attention_reference, attention_reference_grads
 
 DOCUMENTS_IN_A_WINDOW = fa3gen.KernelSpec(
     head_dim=64,
@@ -58,6 +59,25 @@ def main() -> None:
     ref = attention_reference(q64, k64, v64, None, False,
                               mask_mod=lambda bb, hh, i, j: (ids[bb, i] == ids[bb, j]) & (j <= i) & (i - j < 1024))[0]
     print("custom mask_mod (documents within a window):", rel_err(out, ref))
+
+    # Gradients. Built-ins: autograd through flash_attn_func runs the variant's backward kernel.
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    variant = dict(window_size=(1024, 0), softcap=30.0)
+    out = fa3gen.flash_attn_func(qg, kg, vg, causal=True, **variant)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref = attention_reference_grads(q, k, v, dout, None, True, **variant)
+    print("sliding window + softcap backward (dq, dk, dv):",
+          *(f"{rel_err(g, r):.2e}" for g, r in zip((qg.grad, kg.grad, vg.grad), ref)))
+    # A custom spec's backward is the backward spec of the same problem (spec.backward_spec()).
+    fwd = fa3gen.compile(DOCUMENTS_IN_A_WINDOW)
+    bwd = fa3gen.compile(DOCUMENTS_IN_A_WINDOW.backward_spec())
+    out, lse = fwd(q64, k64, v64, return_lse=True, doc=doc, window=1024)
+    dout = torch.randn_like(out)
+    grads = bwd.backward(dout, q64, k64, v64, out, lse, doc=doc, window=1024)
+    ref = attention_reference_grads(q64, k64, v64, dout, None, False,
+                                    mask_mod=lambda bb, hh, i, j: (ids[bb, i] == ids[bb, j]) & (j <= i) & (i - j < 1024))
+    print("custom mask_mod backward (dq, dk, dv):", *(f"{rel_err(g, r):.2e}" for g, r in zip(grads, ref)))
 
 
 if __name__ == "__main__":
