@@ -168,6 +168,16 @@ def test_render_bwd_variants():
     assert "return max(first_visible_key(p, m_block * kBlockM), 0) / kBlockN;" in window
     assert "dscore = 1.f - t * t;" in softcap and "* float(score_grad(r, c))" in softcap
     assert "using ScoreGrad = cutlass::half_t;" in softcap and "using ScoreGrad = float;" in custom
+    # Soft-capping alone in a masked hdim-128 kernel: 1 - t^2 recovered from P and the LSE at dS time.
+    recompute = KernelSpec(kind="bwd", head_dim=128, causal=True, softcap=True)
+    assert recompute.bwd_recomputes_softcap_grad
+    source = fa3gen.render(recompute)
+    assert "fmaf(__log2f(prob), t_per_log2p, t_offset)" in source and "ScoreGrad" not in source
+    for kept in (KernelSpec(kind="bwd", head_dim=128, softcap=True),  # no mask: the extra lg2 costs more
+                 KernelSpec(kind="bwd", head_dim=128, causal=True, softcap=True, alibi=True),  # ALiBi after the cap
+                 KernelSpec(kind="bwd", head_dim=64, causal=True, softcap=True),  # registers to spare
+                 KernelSpec(kind="bwd", head_dim=256, causal=True, softcap=True)):  # head-dim split
+        assert not kept.bwd_recomputes_softcap_grad and "__log2f" not in fa3gen.render(kept), kept.name
     assert "p.variant.alibi_slopes[batch * p.variant.alibi_batch_stride + head]" in softcap
     assert "return float(1.f / temp);" in custom and "dscore *= score_mod_grad(p, score, batch, head, row, key);" in custom
     assert "mask_mod(p, batch, head, row, key)" in custom and "return true;" in custom  # mask_mod: every block masks
