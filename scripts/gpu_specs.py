@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu"), str(ROOT / "examples")]
 
 import fa3gen  # noqa: E402
-from fa3gen import REGISTRY, KernelSpec, ablation  # noqa: E402
+from fa3gen import REGISTRY, KernelSpec, ablation, registry  # noqa: E402
 
 PINGPONG_SPEC = KernelSpec(head_dim=128, causal=True, pingpong=True)  # device_run.sh sanitizes it
 
@@ -34,7 +34,11 @@ def gpu_specs() -> list[KernelSpec]:
     specs += [KernelSpec(head_dim=192, head_dim_v=128, causal=c) for c in (False, True)]  # test_fwd_gpu
     specs += list(test_switches_gpu.SPECS) + [test_switches_gpu.CUSTOM_SPEC]
     specs += list(test_variants_gpu.SPECS) + list(test_variants_bwd_gpu.SPECS)
-    specs += [variant_examples.DOCUMENTS_IN_A_WINDOW, variant_examples.SCALED_RELATIVE_BIAS]
+    specs += [variant_examples.DOCUMENTS_IN_A_WINDOW, variant_examples.SCALED_RELATIVE_BIAS,
+              variant_examples.DOCUMENTS_IN_A_WINDOW.backward_spec()]
+    # examples/variants.py differentiates a causal window + softcap through flash_attn_func.
+    specs += [registry.default_spec(128, 128, "bf16", True, window=True, softcap=True),
+              registry.default_bwd_spec(128, 128, "bf16", True, window=True, softcap=True)]
     specs += [s for s in ablation.variants().values() if s is not None]
     specs.append(PINGPONG_SPEC)
     unique: list[KernelSpec] = []
