@@ -75,12 +75,16 @@ def _scores(qc: torch.Tensor, kf: torch.Tensor, start: int, sq: int, scale: floa
         slopes = var.alibi_slopes.to(torch.float64).reshape(-1, hq)  # (1 or b, hq)
         s = s - slopes.view(-1, hq, 1, 1) * (diagonal - j).abs()
     if var.score_mod is not None:
-        with torch.enable_grad():  # the derivative of an elementwise score_mod, by autograd
-            s_in = s.detach().requires_grad_()
+        # Its derivative by autograd (it is elementwise), on s itself when a caller differentiates
+        # through the reference (the graph is kept for that caller), else on a detached copy.
+        differentiated = s.requires_grad
+        with torch.enable_grad():
+            s_in = s if differentiated else s.detach().requires_grad_()
             s_out = var.score_mod(s_in, bi, hi, i, j).to(torch.float64).expand_as(s_in)
             depends = s_out.requires_grad  # False: the score_mod ignores the score
-            mod_grad = torch.autograd.grad(s_out.sum(), s_in)[0] if depends else torch.zeros_like(s)
-        s = var.score_mod(s, bi, hi, i, j).to(torch.float64).expand_as(s)  # on s: a caller may differentiate it
+            mod_grad = (torch.autograd.grad(s_out.sum(), s_in, retain_graph=differentiated)[0] if depends
+                        else torch.zeros_like(s))
+        s = s_out if differentiated else s_out.detach()
         grad = mod_grad if grad is None else grad * mod_grad
     visible = torch.ones_like(s, dtype=torch.bool)
     left, right = var.window_size
@@ -187,7 +191,7 @@ def attention_reference_grads(
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     var = Variants(causal, tuple(window_size), softcap, alibi_slopes, score_mod, mask_mod)
-    group = hq // hkv if hkv else 1
+    group = hq // hkv
     dq = torch.zeros((b, hq, sq, d), dtype=torch.float64, device=q.device)
     dk = torch.zeros((b, hq, sk, d), dtype=torch.float64, device=q.device)
     dvv = torch.zeros((b, hq, sk, dv), dtype=torch.float64, device=q.device)

@@ -356,6 +356,17 @@ class KernelSpec(BaseModel):
         return self.block_n // 2 + self.head_dim_v // 2 + CONSUMER_REGISTER_OVERHEAD
 
     @property
+    def keys_bounded_right(self) -> bool:
+        """A row sees no key past a bound right of its diagonal (causal, or a window's right side):
+        the kernels test keys against last_visible_key."""
+        return self.causal or self.window
+
+    @property
+    def keys_bounded_left(self) -> bool:
+        """A row sees no key before a bound left of its diagonal (a window's left side)."""
+        return self.window
+
+    @property
     def has_score_mod(self) -> bool:
         """Scores are modified after scaling (softcap, alibi or a custom score_mod)."""
         return self.softcap or self.alibi or self.score_mod is not None

@@ -41,32 +41,22 @@ def _flex():
         return None, None, f"{type(e).__name__}: {e}"
 
 
-def _fa3gen_variants(slopes: torch.Tensor) -> dict[str, tuple[bool, dict[str, Any]]]:
-    """(causal, flash_attn_func keywords) of each variant."""
-    return {
-        "plain": (False, {}),
-        "causal": (True, {}),
-        f"causal, window ({WINDOW}, 0)": (True, {"window_size": (WINDOW, 0)}),
-        f"window ({WINDOW}, {WINDOW})": (False, {"window_size": (WINDOW, WINDOW)}),
-        f"softcap {SOFTCAP:g}": (False, {"softcap": SOFTCAP}),
-        f"causal, softcap {SOFTCAP:g}": (True, {"softcap": SOFTCAP}),
-        "alibi": (False, {"alibi_slopes": slopes}),
-    }
-
-
-def _flex_mods(name: str, slopes: torch.Tensor) -> tuple[Callable | None, Callable | None]:
-    """FlexAttention's (score_mod, mask_mod) of the same variant (bottom-right = top-left: sq == sk)."""
+def _variants(slopes: torch.Tensor) -> list[tuple[str, bool, dict[str, Any], Callable | None, Callable | None]]:
+    """Each variant: (name, causal, flash_attn_func keywords, FlexAttention's score_mod and
+    mask_mod for the same variant). sq == sk, so Flex's top-left masks equal fa3gen's bottom-right ones."""
     causal = lambda b, h, q, kv: kv <= q  # noqa: E731
     softcap = lambda s, b, h, q, kv: SOFTCAP * torch.tanh(s / SOFTCAP)  # noqa: E731
-    return {
-        "plain": (None, None),
-        "causal": (None, causal),
-        f"causal, window ({WINDOW}, 0)": (None, lambda b, h, q, kv: (kv <= q) & (q - kv <= WINDOW)),
-        f"window ({WINDOW}, {WINDOW})": (None, lambda b, h, q, kv: (q - kv <= WINDOW) & (kv - q <= WINDOW)),
-        f"softcap {SOFTCAP:g}": (softcap, None),
-        f"causal, softcap {SOFTCAP:g}": (softcap, causal),
-        "alibi": (lambda s, b, h, q, kv: s - slopes[h] * (q - kv).abs(), None),
-    }[name]
+    return [
+        ("plain", False, {}, None, None),
+        ("causal", True, {}, None, causal),
+        (f"causal, window ({WINDOW}, 0)", True, {"window_size": (WINDOW, 0)},
+         None, lambda b, h, q, kv: (kv <= q) & (q - kv <= WINDOW)),
+        (f"window ({WINDOW}, {WINDOW})", False, {"window_size": (WINDOW, WINDOW)},
+         None, lambda b, h, q, kv: (q - kv <= WINDOW) & (kv - q <= WINDOW)),
+        (f"softcap {SOFTCAP:g}", False, {"softcap": SOFTCAP}, softcap, None),
+        (f"causal, softcap {SOFTCAP:g}", True, {"softcap": SOFTCAP}, softcap, causal),
+        ("alibi", False, {"alibi_slopes": slopes}, lambda s, b, h, q, kv: s - slopes[h] * (q - kv).abs(), None),
+    ]
 
 
 def _time(fn: Callable[[], Any]) -> float:
@@ -101,29 +91,28 @@ def main() -> None:
         print(f"\n## bf16 hdim {d}, batch {b}, seqlen {s}, {h} heads\n")
         head = "| case |" + "".join(f" {p} ms | {p} TFLOP/s | flex {p} ms | x flex |" for p in passes)
         print(head + "\n|---|" + "---|---|---|---|" * len(passes))
-        rows: dict[str, tuple[bool, dict[str, Callable | None]]] = {}
-        for name, (causal, kw) in _fa3gen_variants(slopes).items():
-            fwd = (lambda kw=kw, causal=causal: fa3gen.flash_attn_func(q, k, v, causal=causal, **kw))
+        # (name, causal, forward, the tensors it differentiates, FlexAttention's forward or None)
+        rows: list[tuple[str, bool, Callable[[], torch.Tensor], tuple[torch.Tensor, ...], Callable | None]] = []
+        for name, causal, kw, score_mod, mask_mod in _variants(slopes):
             flex_fwd = None
             if flex is not None:
-                score_mod, mask_mod = _flex_mods(name, slopes)
                 block_mask = create_block_mask(mask_mod, b, h, s, s) if mask_mod else None
                 flex_fwd = (lambda sm=score_mod, bm=block_mask: flex(qt, kt, vt, score_mod=sm, block_mask=bm))
-            rows[name] = (causal, {"fwd": fwd, "flex": flex_fwd})
-        for causal, label in ((False, "cuDNN plain"), (True, "cuDNN causal")):
+            rows.append((name, causal, lambda kw=kw, causal=causal: fa3gen.flash_attn_func(q, k, v, causal=causal, **kw),
+                         (q, k, v), flex_fwd))
+        for causal, name in ((False, "cuDNN plain"), (True, "cuDNN causal")):
             def cudnn(causal=causal):
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-            rows[label] = (causal, {"fwd": cudnn, "flex": None, "sdpa": True})
-        for name, (causal, fns) in rows.items():
+            rows.append((name, causal, cudnn, (qt, kt, vt), None))
+        for name, causal, fwd, inputs, flex_fwd in rows:
             cells = []
             for p in passes:
                 flops = (attn_fwd_flops if p == "fwd" else attn_bwd_flops)(b, h, s, s, d, causal)
-                ins = (qt, kt, vt) if fns.get("sdpa") else (q, k, v)
-                ms = _time(fns["fwd"] if p == "fwd" else _backward_timer(fns["fwd"], ins))
+                ms = _time(fwd if p == "fwd" else _backward_timer(fwd, inputs))
                 flex_ms = math.nan
-                if fns["flex"] is not None:
-                    flex_ms = _time(fns["flex"] if p == "fwd" else _backward_timer(fns["flex"], (qt, kt, vt)))
+                if flex_fwd is not None:
+                    flex_ms = _time(flex_fwd if p == "fwd" else _backward_timer(flex_fwd, (qt, kt, vt)))
                 cells.append(f" {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.1f} | {flex_ms:.3f} | {flex_ms / ms:.2f} |")
             print(f"| {name} |" + "".join(cells), flush=True)
 
