@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 MAX_SCALAR_ARGS = 8
 MAX_TENSOR_ARGS = 8
 MAX_TENSOR_DIMS = 4
@@ -28,6 +28,14 @@ class VariantParams(ctypes.Structure):
                 ("tensor_strides", (ctypes.c_int64 * MAX_TENSOR_DIMS) * MAX_TENSOR_ARGS)]
 
 
+class Descale(ctypes.Structure):
+    """FP8 descaling factors of one input: scale[b * batch_stride + (row // block_rows) * block_stride
+    + h * head_stride] (zero strides broadcast; a NULL scale is 1)."""
+
+    _fields_ = [("scale", ctypes.c_void_p), ("batch_stride", ctypes.c_int64), ("block_stride", ctypes.c_int64),
+                ("head_stride", ctypes.c_int64), ("block_rows", ctypes.c_int32)]
+
+
 class FwdParams(ctypes.Structure):
     """Forward problem: raw device pointers, element strides, sizes, the softmax scale and scratch."""
 
@@ -37,6 +45,7 @@ class FwdParams(ctypes.Structure):
         + [(name, ctypes.c_int64) for name in _stride_fields("q", "k", "v", "o")]
         + _SIZE_FIELDS
         + [("softmax_scale", ctypes.c_float), ("workspace", ctypes.c_void_p), ("variant", VariantParams)]
+        + [(f"{t}_descale", Descale) for t in ("q", "k", "v")]  # e4m3 kernels only
     )
 
 

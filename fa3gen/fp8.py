@@ -9,6 +9,10 @@ These are the torch-side halves of FP8 attention (FA3 paper, section 3.3): they 
 * Incoherent processing: Q and K multiplied along the head dim by the same random-sign Hadamard
   matrix M = H·diag(s) / sqrt(n). M is orthogonal, so Q·Kᵀ is unchanged in exact arithmetic,
   while a few large entries are spread over the whole head dim before quantization.
+* The kernel's V layout: an fp8 WGMMA reads both operands K-major, so V goes to the kernel
+  transposed, (batch, nheads, head_dim, keys), with its keys padded to a multiple of 32 and
+  permuted within each group of 32 (``V_KEY_ORDER``) to match where the kernel's P registers put
+  them; ``v_kernel_layout`` makes it (one pass, fused into ``prepare`` with the quantization).
 * An emulation of FP8 attention in float64 (quantize, dequantize, attention with P rounded to
   e4m3) for accuracy studies, e.g. the paper's experiment in ``outlier_inputs``.
 """
@@ -23,6 +27,22 @@ import torch
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 Granularity = Literal["tensor", "head", "block"]
+KEY_GROUP = 32  # keys per fp8 P·V WGMMA (its K): V's keys are padded to and permuted within these
+
+
+def _key_order() -> tuple[int, ...]:
+    """Slot p of a group of 32 keys holds key sigma(p). The kernel hands P to the P·V WGMMA without
+    moving it between threads: thread t of a quad holds score columns 2t, 2t+1, 8+2t, 8+2t+1, ...
+    of a 32-key slab but fills the A-operand slots 4t..4t+3 and 16+4t..16+4t+3, slot
+    4t + a + 16h with column 2t + (a & 1) + 8 (a >> 1) + 16h (fa3gen/wgmma.cuh)."""
+    order = []
+    for slot in range(KEY_GROUP):
+        t, a, h = (slot >> 2) & 3, slot & 3, slot >> 4
+        order.append(2 * t + (a & 1) + 8 * (a >> 1) + 16 * h)
+    return tuple(order)
+
+
+V_KEY_ORDER = _key_order()
 
 
 @dataclass(frozen=True)
@@ -37,8 +57,12 @@ class Quantized:
     scale: torch.Tensor
     granularity: Granularity
     block_size: int | None = None
+    kernel_v_layout: bool = False  # data is V in the e4m3 kernel's layout (v_kernel_layout)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.kernel_v_layout:
+            raise ValueError("this is V in the kernel's layout: dequantize Fp8Inputs with .dequantized(), or "
+                             "undo the layout with fa3gen.fp8.v_from_kernel_layout first")
         return self.data.to(dtype) * _expand_scale(self, self.data.shape).to(dtype)
 
 
@@ -84,6 +108,93 @@ def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_siz
     return Quantized(data, scale, granularity, q.block_size)
 
 
+def padded_keys(seqlen_k: int) -> int:
+    """Keys of one row of the kernel's transposed V: seqlen_k rounded up to a multiple of 32."""
+    return -(-seqlen_k // KEY_GROUP) * KEY_GROUP
+
+
+def v_kernel_layout(v: torch.Tensor) -> torch.Tensor:
+    """V (batch, seqlen_k, nheads, head_dim_v) in the e4m3 kernel's layout: (batch, nheads,
+    head_dim_v, padded_keys(seqlen_k)), contiguous, zeros past seqlen_k, and within each group of
+    32 keys slot p holding key V_KEY_ORDER[p]. Any dtype (float8 is moved as bytes)."""
+    _check_bshd(v, "v")
+    b, s, h, d = v.shape
+    raw = v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v
+    sp = padded_keys(s)
+    if sp != s:
+        raw = torch.nn.functional.pad(raw, (0, 0, 0, 0, 0, sp - s))
+    # Key 16h + 8m + 2t + j of a group goes to slot 16h + 4t + 2m + j (V_KEY_ORDER): one permuted copy.
+    keys = raw.view(b, sp // KEY_GROUP, 2, 2, 4, 2, h, d)  # (b, group, h, m, t, j, heads, dim)
+    out = keys.permute(0, 6, 7, 1, 2, 4, 3, 5).reshape(b, h, d, sp)
+    return out.view(torch.float8_e4m3fn) if v.dtype == torch.float8_e4m3fn else out
+
+
+def v_from_kernel_layout(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """The inverse of v_kernel_layout: (batch, seqlen_k, nheads, head_dim_v)."""
+    b, h, d, sp = vt.shape
+    raw = vt.view(torch.uint8) if vt.dtype == torch.float8_e4m3fn else vt
+    inverse = torch.empty(KEY_GROUP, dtype=torch.long)
+    inverse[torch.tensor(V_KEY_ORDER)] = torch.arange(KEY_GROUP)
+    keys = raw.reshape(b, h, d, sp // KEY_GROUP, KEY_GROUP)[..., inverse.to(vt.device)].reshape(b, h, d, sp)
+    out = keys[..., :seqlen_k].permute(0, 3, 1, 2).contiguous()
+    return out.view(torch.float8_e4m3fn) if vt.dtype == torch.float8_e4m3fn else out
+
+
+@dataclass(frozen=True)
+class Fp8Inputs:
+    """What the e4m3 forward kernel takes: Q and K quantized (batch, seqlen, nheads, head_dim), V
+    quantized and in the kernel's layout (``v.data`` is (batch, nheads_kv, head_dim_v, padded
+    keys); ``v.scale`` is indexed like K's), the number of keys, and whether Q and K went through
+    the random-sign Hadamard transform (with which seed)."""
+
+    q: Quantized
+    k: Quantized
+    v: Quantized
+    seqlen_k: int
+    hadamard_seed: int | None = None
+
+    def dequantized(self, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as the kernel sees them, in (batch, seqlen, nheads, head_dim) and `dtype`."""
+        v = Quantized(v_from_kernel_layout(self.v.data, self.seqlen_k), self.v.scale, self.v.granularity,
+                      self.v.block_size)
+        return self.q.dequantize(dtype), self.k.dequantize(dtype), v.dequantize(dtype)
+
+
+def default_block_rows(head_dim: int) -> tuple[int, int]:
+    """Rows per scale block of (Q, K/V): one tile of the default e4m3 kernel of this head dim."""
+    from fa3gen.spec import FP8_TILES
+
+    if head_dim not in FP8_TILES:
+        raise ValueError(f"head_dim={head_dim} has no e4m3 kernel; choose one of {tuple(FP8_TILES)}")
+    return FP8_TILES[head_dim]
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Granularity = "block",
+            block_size: int | tuple[int, int] | None = None, hadamard: bool = True, seed: int = 0) -> Fp8Inputs:
+    """FP8 inputs for ``fa3gen.fp8_ops.flash_attn_fp8_func`` from 16- or 32-bit q, k, v
+    (batch, seqlen, nheads, head_dim): Q and K through the random-sign Hadamard transform (when
+    `hadamard`; it leaves Q·Kᵀ unchanged), all three quantized to e4m3 with one scale per tensor,
+    per (batch, head) or per block of rows, V into the kernel's layout.
+
+    block_size: rows per scale block, for Q and for K/V (an int for both, or a (q, kv) pair); the
+    kernel needs them to be multiples of its tiles' rows. None: one tile of the default kernel
+    (``default_block_rows(head_dim)``, e.g. 128 query and 192 key rows at hdim 128).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_bshd(t, name)
+    if block_size is None:
+        q_rows, kv_rows = default_block_rows(q.shape[-1]) if granularity == "block" else (128, 128)
+    elif isinstance(block_size, int):
+        q_rows = kv_rows = block_size
+    else:
+        q_rows, kv_rows = block_size
+    if hadamard:
+        q, k = incoherent(q, k, seed)
+    qq, kq, vq = (quantize_e4m3(t, granularity, rows) for t, rows in ((q, q_rows), (k, kv_rows), (v, kv_rows)))
+    vt = Quantized(v_kernel_layout(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True)
+    return Fp8Inputs(qq, kq, vt, int(v.shape[1]), seed if hadamard else None)
+
+
 def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
     """Orthonormal fast Walsh-Hadamard transform along the last dim, in x's dtype (at least fp32 inside).
 
@@ -118,8 +229,10 @@ def incoherent(q: torch.Tensor, k: torch.Tensor, seed: int = 0) -> tuple[torch.T
     _check_bshd(k, "k")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k head dims differ: {q.shape[-1]} vs {k.shape[-1]}")
-    signs = random_signs(q.shape[-1], seed, q.device)
-    return hadamard_transform(q * signs.to(q.dtype)), hadamard_transform(k * signs.to(k.dtype))
+    # One GEMM per tensor with M = diag(signs)·H / sqrt(n) (hadamard_transform is linear): on a GPU
+    # a d x d matmul on the tensor cores costs far less than the butterfly's log2(d) passes.
+    m = hadamard_transform(torch.diag(random_signs(q.shape[-1], seed)).double())
+    return q @ m.to(q.device, q.dtype), k @ m.to(k.device, k.dtype)
 
 
 def outlier_inputs(batch: int, seqlen: int, nheads: int, head_dim: int, seed: int = 0,
@@ -136,23 +249,25 @@ def outlier_inputs(batch: int, seqlen: int, nheads: int, head_dim: int, seed: in
     return one(), one(), one()
 
 
+P_SCALE = 256.0  # the kernel's factor on P before its e4m3 cast (OnlineSoftmax's kProbLog2Scale = 8)
+
+
 def emulate_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                          granularity: Granularity = "block", block_size: int = 128,
+                          granularity: Granularity = "block", block_size: int | tuple[int, int] | None = 128,
                           use_hadamard: bool = True, seed: int = 0,
                           softmax_scale: float | None = None) -> torch.Tensor:
-    """What an FP8 attention forward computes, emulated in float64 (no causal, nheads_q == nheads_kv).
+    """What the FP8 attention forward computes, emulated in float64 (no causal, nheads_q == nheads_kv).
 
-    Q, K, V are quantized to e4m3 (after the incoherent transform of Q and K when asked) and
-    dequantized; the probabilities P = exp(S - rowmax) in [0, 1] are scaled by 448 and rounded to
-    e4m3 before P·V, as the kernel's second GEMM consumes them; the row sums use the unrounded P.
+    The inputs are prepared as for the kernel (``prepare``: Hadamard, quantization, same
+    arguments) and dequantized; the probabilities P = exp(S - rowmax) are scaled by 256 and
+    rounded to e4m3 before P·V, as the kernel's second GEMM consumes them; the row sums use the
+    unrounded P. (The kernel rounds P against the running max of the key blocks seen so far.)
     """
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if use_hadamard:
-        q, k = incoherent(q, k, seed)
-    qd, kd, vd = (quantize_e4m3(t, granularity, block_size).dequantize(torch.float64) for t in (q, k, v))
+    qd, kd, vd = prepare(q, k, v, granularity, block_size, use_hadamard, seed).dequantized(torch.float64)
     s = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * scale
     p = torch.exp(s - s.amax(dim=-1, keepdim=True))
-    p8 = (p * E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float64) / E4M3_MAX
+    p8 = (p * P_SCALE).to(torch.float8_e4m3fn).to(torch.float64) / P_SCALE
     out = torch.einsum("bhqk,bkhd->bqhd", p8, vd) / p.sum(dim=-1)[..., None].transpose(1, 2)
     return out
 

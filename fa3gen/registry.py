@@ -21,6 +21,13 @@ REGISTRY: dict[str, KernelSpec] = {
     for causal in (False, True)
 }
 
+# FP8 forward kernels (e4m3 in, bf16 out) of the head dims the FA3 paper measures.
+REGISTRY.update({
+    _registry_name(d, "e4m3", causal): KernelSpec(head_dim=d, dtype="e4m3", causal=causal)
+    for d in (64, 128, 256)
+    for causal in (False, True)
+})
+
 # The spec `fa3gen demo` and the real-compile test build.
 REPRESENTATIVE = "fwd_d128_bf16"
 
@@ -65,6 +72,18 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
     # A pydantic ValidationError (a ValueError) names the limit if this combination does not fit.
     return KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal),
                       window=bool(window), softcap=bool(softcap), alibi=bool(alibi))
+
+
+def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False) -> KernelSpec:
+    """The e4m3 forward spec for a problem (O in out_dtype): the registry's when present."""
+    _canonical_problem(head_dim, head_dim_v, "bf16")
+    out = _DTYPE_ALIASES.get(str(out_dtype).removeprefix("torch."))
+    if out is None:
+        raise ValueError(f"out_dtype={out_dtype!r} is not supported: use 'bf16' or 'fp16'")
+    spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
+                      window=bool(window))
+    name = _registry_name(head_dim, "e4m3", bool(causal))
+    return REGISTRY[name] if REGISTRY.get(name) == spec else spec
 
 
 def default_bwd_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, deterministic: bool = False,

@@ -59,11 +59,22 @@ _DEFAULT_TILES: dict[tuple[int, bool], tuple[int, int]] = {
 
 
 def _bytes_per_element(dtype: str) -> int:
-    return {"fp16": 2, "bf16": 2}.get(dtype, 2)  # an unknown dtype is reported by its own field
+    return {"fp16": 2, "bf16": 2, "e4m3": 1}.get(dtype, 2)  # an unknown dtype is reported by its own field
+
+
+# FP8 (e4m3) forward tiles (block_m, block_n) by head dim, with pingpong on: measured on the H200
+# (2026-11-30, s16k, same process) against 128 x 128 without pingpong: hdim 64 345 -> 436 TFLOP/s
+# (128 x 192, pingpong), hdim 128 623 -> 739 (128 x 192, pingpong), hdim 256 843 -> 860 (128 x 96,
+# pingpong; 128 x 128 spills there). The fp8 GEMMs are twice as fast as 16-bit ones, so the
+# softmax's exp2 (MUFU) is as long as the GEMMs: pingpong lets one warpgroup's softmax run under
+# the other's GEMMs. fa3gen.fp8.prepare's per-block scales default to these tiles' rows.
+FP8_TILES = {64: (128, 192), 96: (128, 128), 128: (128, 192), 192: (128, 128), 256: (128, 96)}
+# The P·V GEMM of an fp8 kernel takes K = 32 keys per WGMMA: block_n must be a multiple of it.
+WGMMA_K_FP8 = 32
 
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
-_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "causal", "window", "softcap", "alibi", "score_mod", "mask_mod",
+_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", "window", "softcap", "alibi", "score_mod", "mask_mod",
                    "params")
 
 
@@ -93,7 +104,7 @@ def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_
     e = _bytes_per_element(dtype)
     q = block_m * head_dim * e
     kv = stages * block_n * (head_dim + head_dim_v) * e
-    o = block_m * head_dim_v * e if epilogue == "tma" else 0
+    o = block_m * head_dim_v * 2 if epilogue == "tma" else 0  # O is 16-bit for every input dtype
     return q + kv + o + BARRIER_SMEM_BYTES
 
 
@@ -118,7 +129,11 @@ class KernelSpec(BaseModel):
     deterministic: bool = False
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
-    dtype: Literal["fp16", "bf16"] = "bf16"
+    # Inputs' element type. "e4m3": Q, K, V in float8_e4m3fn with descaling factors (fa3gen.fp8),
+    # both GEMMs in fp8 with fp32 accumulation, O in out_dtype; forward only.
+    dtype: Literal["fp16", "bf16", "e4m3"] = "bf16"
+    # O's element type: the input dtype for fp16/bf16 (None fills it), bf16 or fp16 for e4m3.
+    out_dtype: Literal["fp16", "bf16"] | None = None
     causal: bool = False
     block_m: int | None = None
     block_n: int | None = None
@@ -180,10 +195,13 @@ class KernelSpec(BaseModel):
         data = dict(data)
         d = data.get("head_dim")
         causal = bool(data.get("causal", False))
+        if data.get("out_dtype") is None:
+            dtype = data.get("dtype", "bf16")
+            data["out_dtype"] = "bf16" if dtype == "e4m3" else dtype
         if data.get("kind") == "bwd":
             return cls._fill_bwd_defaults(data)
         if d in SUPPORTED_HEAD_DIMS:
-            bm, bn = _DEFAULT_TILES[(d, causal)]
+            bm, bn = FP8_TILES[d] if data.get("dtype") == "e4m3" else _DEFAULT_TILES[(d, causal)]
             if data.get("head_dim_v") is None:
                 data["head_dim_v"] = d
             if data.get("block_m") is None:
@@ -196,6 +214,8 @@ class KernelSpec(BaseModel):
                 data["block_m"] = WGMMA_M * nwg if isinstance(nwg, int) else bm
             if data.get("block_n") is None:
                 data["block_n"] = bn
+            if data.get("dtype") == "e4m3" and "pingpong" not in data and data.get("block_m") == 2 * WGMMA_M:
+                data["pingpong"] = True  # FP8_TILES: the fp8 kernels' schedule, where two warpgroups allow it
         if data.get("stages") is None:
             data["stages"] = 2
         if data.get("scheduler") is None:
@@ -230,6 +250,19 @@ class KernelSpec(BaseModel):
                 str(data.get("dtype", "bf16")), *sizes, 2) <= SMEM_BUDGET_BYTES  # type: ignore[arg-type]
             data["stages"] = 2 if two_fit else 1
         return data
+
+    def _check_fp8(self) -> None:
+        if self.kind == "bwd":
+            raise ValueError("dtype='e4m3' is forward-only: there is no FP8 backward kernel (train in bf16/fp16)")
+        unsupported = [name for name, on in (("softcap", self.softcap), ("alibi", self.alibi),
+                                             ("score_mod", self.score_mod is not None),
+                                             ("mask_mod", self.mask_mod is not None)) if on]
+        if unsupported:
+            raise ValueError(f"dtype='e4m3' supports causal and window masks only, not {', '.join(unsupported)}")
+        assert self.block_n is not None
+        if self.block_n % WGMMA_K_FP8 != 0:
+            raise ValueError(f"dtype='e4m3' needs block_n to be a multiple of {WGMMA_K_FP8} (the K of an fp8 P·V "
+                             f"WGMMA), got {self.block_n}")
 
     def _check_bwd(self) -> None:
         bm, bn, d, dv, nwg = self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.num_consumer_warpgroups
@@ -272,6 +305,11 @@ class KernelSpec(BaseModel):
     @model_validator(mode="after")
     def _check_hardware_limits(self) -> KernelSpec:
         self._check_expressions()
+        if self.dtype == "e4m3":
+            self._check_fp8()
+        elif self.out_dtype != self.dtype:
+            raise ValueError(f"out_dtype={self.out_dtype!r} differs from dtype={self.dtype!r}: only e4m3 kernels "
+                             "write O in another type")
         if self.kind == "bwd":
             self._check_bwd()
             return self
@@ -412,8 +450,16 @@ class KernelSpec(BaseModel):
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)
         return (
-            f"{self.kind}_{dims}_{self.dtype}{mask}{variant}_m{self.block_m}n{self.block_n}s{self.stages}{sched}"
+            f"{self.kind}_{dims}_{self.dtype}{self._out_tag}{mask}{variant}_m{self.block_m}n{self.block_n}s{self.stages}{sched}"
         )
+
+    @property
+    def _out_tag(self) -> str:
+        return f"_o{self.out_dtype}" if self.out_dtype != self.dtype else ""
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype == "e4m3"
 
     def canonical_json(self) -> str:
         """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace."""

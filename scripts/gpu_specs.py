@@ -24,6 +24,7 @@ PINGPONG_SPEC = KernelSpec(head_dim=128, causal=True, pingpong=True)  # device_r
 
 
 def gpu_specs() -> list[KernelSpec]:
+    import test_fp8_gpu
     import test_switches_gpu
     import test_variants_bwd_gpu
     import test_variants_gpu
@@ -34,6 +35,7 @@ def gpu_specs() -> list[KernelSpec]:
     specs += [KernelSpec(head_dim=192, head_dim_v=128, causal=c) for c in (False, True)]  # test_fwd_gpu
     specs += list(test_switches_gpu.SPECS) + [test_switches_gpu.CUSTOM_SPEC]
     specs += list(test_variants_gpu.SPECS) + list(test_variants_bwd_gpu.SPECS)
+    specs += list(test_fp8_gpu.SPECS)
     specs += [variant_examples.DOCUMENTS_IN_A_WINDOW, variant_examples.SCALED_RELATIVE_BIAS,
               variant_examples.DOCUMENTS_IN_A_WINDOW.backward_spec()]
     # examples/variants.py differentiates a causal window + softcap through flash_attn_func.

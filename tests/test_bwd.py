@@ -110,7 +110,7 @@ def test_registry_holds_the_bwd_specs():
         assert spec == KernelSpec(kind="bwd", head_dim=spec.head_dim, dtype=spec.dtype, causal=spec.causal)
         assert registry.resolve(name) is spec and registry.display_name(spec) == name
     fwd = [name for name, spec in REGISTRY.items() if spec.kind == "fwd"]
-    assert len(fwd) == 20 and all(name.startswith("fwd_") for name in fwd)
+    assert len(fwd) == 20 + 6 and all(name.startswith("fwd_") for name in fwd)  # 16-bit, and 6 e4m3
     assert REGISTRY[registry.REPRESENTATIVE].kind == "fwd"
 
 
@@ -211,6 +211,7 @@ int main() {
   std::printf("Fa3genFwdParams sizeof %zu %zu\\n", sizeof(Fa3genFwdParams), alignof(Fa3genFwdParams));
   std::printf("Fa3genBwdParams sizeof %zu %zu\\n", sizeof(Fa3genBwdParams), alignof(Fa3genBwdParams));
   std::printf("Fa3genVariantParams sizeof %zu %zu\\n", sizeof(Fa3genVariantParams), alignof(Fa3genVariantParams));
+  std::printf("Fa3genDescale sizeof %zu %zu\\n", sizeof(Fa3genDescale), alignof(Fa3genDescale));
 %FIELDS%
 }
 """
@@ -222,7 +223,7 @@ def c_layout(tmp_path_factory) -> str:
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to compile abi.h")
-    fields = [f"  FIELD(Fa3gen{cls.__name__}, {name})" for cls in (abi.FwdParams, abi.BwdParams, abi.VariantParams)
+    fields = [f"  FIELD(Fa3gen{cls.__name__}, {name})" for cls in (abi.FwdParams, abi.BwdParams, abi.VariantParams, abi.Descale)
               for name, _ in cls._fields_]
     tmp = tmp_path_factory.mktemp("abi")
     (tmp / "layout.cpp").write_text(_LAYOUT_PROGRAM.replace("%FIELDS%", "\n".join(fields)))
@@ -231,7 +232,8 @@ def c_layout(tmp_path_factory) -> str:
     return subprocess.run([str(tmp / "layout")], check=True, capture_output=True, text=True).stdout
 
 
-@pytest.mark.parametrize("cls", [abi.FwdParams, abi.BwdParams, abi.VariantParams], ids=["fwd", "bwd", "variant"])
+@pytest.mark.parametrize("cls", [abi.FwdParams, abi.BwdParams, abi.VariantParams, abi.Descale],
+                         ids=["fwd", "bwd", "variant", "descale"])
 def test_params_struct_matches_the_header(c_layout, cls):
     struct = f"Fa3gen{cls.__name__}"
     c_fields = {}
@@ -260,7 +262,7 @@ def test_bwd_struct_field_order_is_the_headers():
 
 def test_abi_constants_match_the_header(c_layout):
     lines = dict(line.split(" ", 1) for line in c_layout.splitlines() if line.split()[0] in ("version", "limits"))
-    assert int(lines["version"]) == abi.ABI_VERSION == 5
+    assert int(lines["version"]) == abi.ABI_VERSION == 6
     assert tuple(map(int, lines["limits"].split())) == (abi.MAX_SCALAR_ARGS, abi.MAX_TENSOR_ARGS,
                                                         abi.MAX_TENSOR_DIMS)
 

@@ -45,6 +45,8 @@ SPECS = {
     "bwd_d256": REGISTRY["bwd_d256_bf16"],
     "bwd_d192_fp16": REGISTRY["bwd_d192_fp16"],
     "bwd_d64_fp16_causal_softcap": KernelSpec(kind="bwd", head_dim=64, dtype="fp16", causal=True, softcap=True),
+    # FP8: e4m3 Q·Kᵀ and P·V (P handed over in registers), Vᵀ loaded by TMA, O in bf16 (causal, lpt).
+    "fwd_d128_e4m3_causal": REGISTRY["fwd_d128_e4m3_causal"],
 }
 NAMES = list(SPECS)
 
@@ -102,7 +104,12 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
     env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     sass = subprocess.run([tool, "--dump-sass", str(builds[name].entry.library)], capture_output=True,
                           text=True, check=True, env=env).stdout
-    assert "HGMMA" in sass, "no warpgroup MMA (HGMMA) in the kernel"
+    # Warpgroup MMAs: HGMMA for 16-bit operands, QGMMA for fp8 (K = 32 per instruction), never both.
+    mma = "QGMMA" if SPECS[name].is_fp8 else "HGMMA"
+    assert mma in sass, f"no warpgroup MMA ({mma}) in the kernel"
+    assert ("HGMMA" in sass) != ("QGMMA" in sass), "16-bit and fp8 warpgroup MMAs mixed"
+    if SPECS[name].is_fp8:
+        assert all(op.endswith(".E4M3.E4M3") and "x32." in op for op in re.findall(r"QGMMA\.\S+", sass))
     assert "UTMALDG" in sass, "no TMA loads (UTMALDG) in the kernel"
     # The TMA-store epilogue stages O with stmatrix and writes it with a TMA store; direct does neither.
     tma_epilogue = SPECS[name].epilogue == "tma"

@@ -1,14 +1,26 @@
-"""fa3gen.fp8: e4m3 block quantization, the random-sign Hadamard, and the FP8 accuracy emulation."""
+"""FP8 (e4m3): fa3gen.fp8 (block quantization, the random-sign Hadamard, the accuracy emulation, the
+kernel's V layout, prepare()), the e4m3 KernelSpec, registry and render, the ABI's Descale, and the
+CPU-side checks of fa3gen.fp8_ops. CPU only: the GPU runs are in tests/gpu/test_fp8_gpu.py."""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
-from fa3gen import fp8
+import fa3gen
+from fa3gen import abi, fp8, fp8_ops, registry
 from fa3gen.reference import attention_reference
+from fa3gen.spec import FP8_TILES, SMEM_BUDGET_BYTES, SUPPORTED_HEAD_DIMS, KernelSpec
+
+REPO = Path(__file__).resolve().parent.parent
+ABI_H = REPO / "templates" / "include" / "fa3gen" / "abi.h"
 
 
 @pytest.mark.parametrize("n", [64, 96, 128, 192, 256])
@@ -87,3 +99,522 @@ def test_paper_outlier_experiment_emulated():
     improved = fp8.rmse(fp8.emulate_fp8_attention(q, k, v, granularity="block", use_hadamard=True), ref)
     assert improved < 0.65 * baseline, (baseline, improved)
     assert improved < 1.0e-2, improved
+
+
+# =============================================================================================
+# e4m3 kernels: spec, registry, render, V layout, ABI, prepare(), fp8_ops input checks
+# =============================================================================================
+
+# ---- spec ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d", SUPPORTED_HEAD_DIMS)
+def test_e4m3_spec_defaults(d):
+    spec = KernelSpec(head_dim=d, dtype="e4m3")
+    assert spec.is_fp8 and spec.kind == "fwd"
+    assert spec.out_dtype == "bf16"
+    bm, bn = FP8_TILES[d]
+    assert (spec.block_m, spec.block_n) == (bm, bn) and bm == 128 and bn % 32 == 0
+    assert spec.pingpong  # the fp8 default schedule (two consumer warpgroups)
+    assert spec.head_dim_v == d and spec.num_consumer_warpgroups == 2
+    assert spec.epilogue == "tma"  # its O staging buffer fits for every head dim
+    # 1 byte per fp8 element of Q, K, V; the O staging tile is 16-bit (2 bytes per element).
+    expected = bm * d + spec.stages * bn * 2 * d + bm * d * 2 + 1024
+    assert spec.smem_bytes == expected <= SMEM_BUDGET_BYTES
+    assert f"_d{d}_e4m3_obf16" in spec.name
+    # None fills out_dtype: the explicit and the implicit spec are the same kernel.
+    assert KernelSpec(head_dim=d, dtype="e4m3", out_dtype="bf16") == spec
+
+
+def test_e4m3_smem_counts_16_bit_o_tile():
+    tma = KernelSpec(head_dim=128, dtype="e4m3", block_n=128, epilogue="tma")
+    direct = KernelSpec(head_dim=128, dtype="e4m3", block_n=128, epilogue="direct")
+    assert tma.smem_bytes - direct.smem_bytes == 128 * 128 * 2
+    # and Q, K, V at one byte: half the bf16 kernel's bytes with the same tiles
+    bf16 = KernelSpec(head_dim=128, block_m=128, block_n=128, epilogue="direct")
+    assert bf16.smem_bytes - 1024 == 2 * (direct.smem_bytes - 1024)
+
+
+def test_e4m3_fp16_out_allowed():
+    spec = KernelSpec(head_dim=128, dtype="e4m3", out_dtype="fp16", causal=True)
+    assert spec.out_dtype == "fp16" and spec.is_fp8
+    assert "_e4m3_ofp16_causal" in spec.name
+
+
+def test_16_bit_specs_are_not_fp8():
+    assert not KernelSpec(head_dim=128).is_fp8
+    assert not KernelSpec(head_dim=128, dtype="fp16").is_fp8
+    assert KernelSpec(head_dim=128, dtype="fp16").out_dtype == "fp16"
+    assert KernelSpec(head_dim=128).out_dtype == "bf16"
+    # the 16-bit tiles are unchanged by the fp8 defaults
+    assert (KernelSpec(head_dim=256).block_m, KernelSpec(head_dim=256).block_n) == (128, 80)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"kind": "bwd"}, r"forward-only"),
+        ({"softcap": True}, r"not softcap"),
+        ({"alibi": True}, r"not alibi"),
+        ({"score_mod": {"expr": "score * 2"}}, r"not score_mod"),
+        ({"mask_mod": {"expr": "q_idx >= kv_idx"}}, r"not mask_mod"),
+        ({"block_n": 80}, r"block_n to be a multiple of 32 .*got 80"),
+        ({"block_n": 112}, r"block_n to be a multiple of 32 .*got 112"),
+        ({"out_dtype": "e4m3"}, r"out_dtype"),
+    ],
+    ids=["bwd", "softcap", "alibi", "score_mod", "mask_mod", "block_n80", "block_n112", "out_e4m3"],
+)
+def test_e4m3_rejections(fields, expected):
+    with pytest.raises(ValueError, match=expected) as info:
+        KernelSpec(head_dim=128, dtype="e4m3", **fields)
+    assert isinstance(info.value, ValidationError)
+
+
+def test_e4m3_accepts_causal_window_and_multiple_of_32_block_n():
+    spec = KernelSpec(head_dim=128, dtype="e4m3", causal=True, window=True, block_n=96)
+    assert spec.block_n == 96 and spec.window and spec.causal
+
+
+@pytest.mark.parametrize(("dtype", "out"), [("bf16", "fp16"), ("fp16", "bf16")])
+def test_16_bit_out_dtype_mismatch_rejected(dtype, out):
+    with pytest.raises(ValueError, match=rf"out_dtype='{out}' differs from dtype='{dtype}'"):
+        KernelSpec(head_dim=128, dtype=dtype, out_dtype=out)
+    # the matching out_dtype is the default and the same spec
+    assert KernelSpec(head_dim=128, dtype=dtype, out_dtype=dtype) == KernelSpec(head_dim=128, dtype=dtype)
+
+
+def test_names_and_hashes_distinguish_dtypes():
+    bf16 = KernelSpec(head_dim=128, block_m=128, block_n=128)
+    e4m3 = KernelSpec(head_dim=128, dtype="e4m3")
+    e4m3_fp16 = KernelSpec(head_dim=128, dtype="e4m3", out_dtype="fp16")
+    names = {bf16.name, e4m3.name, e4m3_fp16.name}
+    assert len(names) == 3
+    assert "_bf16_" in bf16.name and "_o" not in bf16.name.split("_m128")[0]  # no out tag for 16-bit
+    assert "_obf16" in e4m3.name and "_ofp16" in e4m3_fp16.name
+    assert len({bf16.content_hash, e4m3.content_hash, e4m3_fp16.content_hash}) == 3
+
+
+@pytest.mark.parametrize("fields", [{"dtype": "e4m3"}, {"dtype": "e4m3", "out_dtype": "fp16", "causal": True,
+                                                        "window": True}, {"dtype": "bf16"}])
+def test_canonical_json_round_trip(fields):
+    spec = KernelSpec(head_dim=128, **fields)
+    text = spec.canonical_json()
+    data = json.loads(text)
+    assert data["dtype"] == spec.dtype and data["out_dtype"] == spec.out_dtype
+    back = KernelSpec.from_json(text)
+    assert back == spec and back.canonical_json() == text and back.content_hash == spec.content_hash
+    # JSON written without out_dtype (before the field existed) means the default out_dtype
+    del data["out_dtype"]
+    default_out = KernelSpec.from_json(json.dumps(data))
+    assert default_out.out_dtype == ("bf16" if spec.dtype == "e4m3" else spec.dtype)
+    assert (default_out == spec) == (spec.out_dtype == default_out.out_dtype)
+
+
+# ---- registry --------------------------------------------------------------------------------
+
+FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")]
+
+
+@pytest.mark.parametrize("name", FP8_REGISTRY_NAMES)
+def test_registry_has_e4m3_entries(name):
+    spec = registry.REGISTRY[name]
+    assert spec.kind == "fwd" and spec.dtype == "e4m3" and spec.out_dtype == "bf16"
+    assert spec.causal == name.endswith("_causal") and not spec.window
+    assert name.startswith(f"fwd_d{spec.head_dim}_e4m3")
+    assert spec.smem_bytes <= SMEM_BUDGET_BYTES
+    assert registry.registry_name(spec) == name and registry.resolve(name) is spec
+    assert registry.default_fp8_spec(spec.head_dim, spec.head_dim, "bf16", spec.causal) is spec
+
+
+def test_registry_has_exactly_six_e4m3_entries():
+    assert sorted(n for n, s in registry.REGISTRY.items() if s.is_fp8) == sorted(FP8_REGISTRY_NAMES)
+
+
+def test_default_fp8_spec_outside_the_registry():
+    reg = registry.REGISTRY["fwd_d128_e4m3"]
+    assert registry.default_fp8_spec(128, 128, torch.bfloat16, False) is reg  # torch dtypes are aliases
+    win = registry.default_fp8_spec(128, 128, "bf16", False, window=True)
+    assert win.window and win.is_fp8 and win.out_dtype == "bf16" and registry.registry_name(win) is None
+    fp16 = registry.default_fp8_spec(128, 128, "float16", True)
+    assert fp16.out_dtype == "fp16" and fp16.causal and fp16.is_fp8 and registry.registry_name(fp16) is None
+    d96 = registry.default_fp8_spec(96, 96, "bf16", False)
+    assert d96.head_dim == 96 and d96.is_fp8 and registry.registry_name(d96) is None
+
+
+@pytest.mark.parametrize("out", ["float32", "e4m3", torch.float8_e4m3fn])
+def test_default_fp8_spec_rejects_unsupported_out_dtype(out):
+    with pytest.raises(ValueError, match="out_dtype=.* is not supported"):
+        registry.default_fp8_spec(128, 128, out, False)
+
+
+def test_default_fp8_spec_rejects_unsupported_head_dim():
+    with pytest.raises(ValueError, match="head_dim=80 is not supported"):
+        registry.default_fp8_spec(80, 80, "bf16", False)
+
+
+# ---- render ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_render_e4m3(d):
+    src = fa3gen.render(KernelSpec(head_dim=d, dtype="e4m3", causal=True))
+    for needle in ("cutlass::float_e4m3_t", "convert_to_fp8_a_operand", "TileDescale",
+                   "GMMA::Major::K, GMMA::Major::K", "using ElementOut = cutlass::bfloat16_t"):
+        assert needle in src, needle
+    assert "accumulator_as_a_operand(tOrP" not in src  # the 16-bit P path
+
+
+def test_render_e4m3_fp16_out():
+    src = fa3gen.render(KernelSpec(head_dim=128, dtype="e4m3", out_dtype="fp16"))
+    assert "using ElementOut = cutlass::half_t" in src and "cutlass::float_e4m3_t" in src
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_render_16_bit_has_no_fp8_code(dtype):
+    src = fa3gen.render(KernelSpec(head_dim=128, dtype=dtype))
+    assert "TileDescale" not in src
+    assert "cutlass::float_e4m3_t" not in src
+    assert "accumulator_as_a_operand(tOrP" in src
+
+
+# ---- V_KEY_ORDER and the kernel's V layout ---------------------------------------------------
+
+def _kernel_slot_to_column() -> list[int]:
+    """The P -> A-operand mapping, derived from the WGMMA fragment layouts: within one 32-column
+    slab of a row, thread t of a quad holds fp32 accumulator columns 8j + 2t + c (j < 4, c < 2)
+    and the fp8 A-operand slots 4t + i and 16 + 4t + i (i < 4). Each thread converts its own values
+    in register order (ascending column) into its own slots in register order (ascending slot)."""
+    mapping = [-1] * 32
+    for t in range(4):
+        acc_cols = sorted(8 * j + 2 * t + c for j in range(4) for c in range(2))
+        a_slots = sorted(16 * h + 4 * t + i for h in range(2) for i in range(4))
+        for slot, col in zip(a_slots, acc_cols):
+            assert mapping[slot] == -1
+            mapping[slot] = col
+    return mapping
+
+
+def test_v_key_order_matches_kernel_register_mapping():
+    expected = _kernel_slot_to_column()
+    assert list(fp8.V_KEY_ORDER) == expected
+    assert fp8.KEY_GROUP == 32
+    assert sorted(fp8.V_KEY_ORDER) == list(range(32))  # a bijection of one group
+    # the formula documented in wgmma.cuh: slot 4t + a + 16h <- column 2t + (a & 1) + 8 (a >> 1) + 16h
+    for t in range(4):
+        for a in range(4):
+            for h in range(2):
+                assert fp8.V_KEY_ORDER[4 * t + a + 16 * h] == 2 * t + (a & 1) + 8 * (a >> 1) + 16 * h
+    assert list(fp8.V_KEY_ORDER) != list(range(32))
+
+
+@pytest.mark.parametrize(("s", "padded"), [(0, 0), (1, 32), (31, 32), (32, 32), (33, 64), (77, 96), (128, 128)])
+def test_padded_keys(s, padded):
+    assert fp8.padded_keys(s) == padded
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn])
+@pytest.mark.parametrize("seqlen", [5, 64, 77])
+def test_v_kernel_layout_round_trip_and_padding(dtype, seqlen):
+    b, h, d = 2, 3, 64
+    v = torch.randn(b, seqlen, h, d).mul(4).to(dtype)
+    vt = fp8.v_kernel_layout(v)
+    sp = fp8.padded_keys(seqlen)
+    assert vt.shape == (b, h, d, sp) and vt.dtype == dtype and vt.is_contiguous()
+    back = fp8.v_from_kernel_layout(vt, seqlen)
+    assert back.shape == v.shape and back.dtype == dtype
+    assert torch.equal(_as_bytes(back), _as_bytes(v))
+    # slot p of group g holds key 32 g + V_KEY_ORDER[p]; slots of keys past seqlen are zero
+    raw_vt, raw_v = _as_bytes(vt), _as_bytes(v)
+    for g in range(sp // 32):
+        for p, key in enumerate(fp8.V_KEY_ORDER):
+            key += 32 * g
+            got = raw_vt[:, :, :, 32 * g + p]
+            if key < seqlen:
+                assert torch.equal(got, raw_v[:, key]), (g, p)
+            else:
+                assert (got == 0).all(), (g, p)
+
+
+def test_v_kernel_layout_direct_index_check():
+    b, s, h, d = 1, 96, 2, 8
+    v = torch.arange(b * s * h * d, dtype=torch.float32).reshape(b, s, h, d)
+    vt = fp8.v_kernel_layout(v)
+    for bi in range(b):
+        for hi in range(h):
+            for di in range(d):
+                for g in range(s // 32):
+                    for p in range(32):
+                        assert vt[bi, hi, di, 32 * g + p] == v[bi, 32 * g + fp8.V_KEY_ORDER[p], hi, di]
+
+
+@pytest.mark.parametrize("seqlen", [64, 77])
+def test_permuted_p_times_kernel_v_is_p_times_v(seqlen):
+    """What the kernel computes: P in slot order (each slab's columns permuted by V_KEY_ORDER, as the
+    registers hand it over) times V in the kernel layout equals P·V."""
+    gen = torch.Generator().manual_seed(3)
+    rows, d = 16, 24
+    p = torch.randn(rows, seqlen, generator=gen, dtype=torch.float64)
+    v = torch.randn(seqlen, d, generator=gen, dtype=torch.float64)
+    vt = fp8.v_kernel_layout(v[None, :, None, :])[0, 0]  # (d, padded keys)
+    sp = fp8.padded_keys(seqlen)
+    p_pad = torch.nn.functional.pad(p, (0, sp - seqlen))
+    order = torch.tensor(fp8.V_KEY_ORDER)
+    p_perm = p_pad.reshape(rows, sp // 32, 32)[..., order].reshape(rows, sp)
+    torch.testing.assert_close(p_perm @ vt.T, p @ v, rtol=1e-12, atol=1e-12)
+    # and the permutation matters: unpermuted P against the kernel's V is wrong
+    assert not torch.allclose(p_pad @ vt.T, p @ v, atol=1e-6)
+
+
+# ---- ABI -------------------------------------------------------------------------------------
+
+def _c_layout(fields: list[tuple[str, int]]) -> tuple[dict[str, int], int]:
+    """Offsets and size of a C struct of scalar fields (natural alignment = size)."""
+    offsets, offset, align = {}, 0, 1
+    for name, size in fields:
+        offset = -(-offset // size) * size
+        offsets[name] = offset
+        offset += size
+        align = max(align, size)
+    return offsets, -(-offset // align) * align
+
+
+def _header_struct_fields(struct: str) -> list[str]:
+    header = ABI_H.read_text()
+    body = header[header.index(f"typedef struct {struct}"):header.index(f"}} {struct};")]
+    body = re.sub(r"//[^\n]*", "", body.split("{", 1)[1])
+    declared = []
+    for decl in filter(None, (d.strip() for d in body.split(";"))):
+        declarators = re.sub(r"^(const\s+)?\w+\s*\*?", "", decl)
+        declared += [name.strip() for name in declarators.split(",")]
+    return declared
+
+
+def test_descale_struct_layout():
+    offsets, size = _c_layout([("scale", 8), ("batch_stride", 8), ("block_stride", 8), ("head_stride", 8),
+                               ("block_rows", 4)])
+    assert size == 40 == ctypes.sizeof(abi.Descale)
+    assert ctypes.alignment(abi.Descale) == 8
+    assert {name: getattr(abi.Descale, name).offset for name, _ in abi.Descale._fields_} == offsets
+    assert [name for name, _ in abi.Descale._fields_] == _header_struct_fields("Fa3genDescale")
+    assert ctypes.sizeof(ctypes.c_void_p) == 8 and abi.Descale.block_rows.size == 4
+
+
+def test_fwd_params_end_with_three_descales():
+    fields = abi.FwdParams._fields_
+    assert [name for name, _ in fields[-3:]] == ["q_descale", "k_descale", "v_descale"]
+    assert all(t is abi.Descale for _, t in fields[-3:])
+    q_off = abi.FwdParams.q_descale.offset
+    assert q_off % 8 == 0
+    assert abi.FwdParams.k_descale.offset == q_off + 40 and abi.FwdParams.v_descale.offset == q_off + 80
+    assert ctypes.sizeof(abi.FwdParams) == q_off + 120
+    # the header declares the same fields in the same order
+    assert _header_struct_fields("Fa3genFwdParams") == [name for name, _ in fields]
+    # the backward params did not gain them
+    assert "q_descale" not in [name for name, _ in abi.BwdParams._fields_]
+
+
+def test_abi_version_is_6():
+    assert abi.ABI_VERSION == 6
+    assert re.search(r"^#define FA3GEN_ABI_VERSION 6$", ABI_H.read_text(), re.M)
+
+
+# ---- prepare() -------------------------------------------------------------------------------
+
+def _gqa_inputs(d=128, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 200, 4, d, generator=gen).to(dtype)
+    k = torch.randn(2, 77, 2, d, generator=gen).to(dtype)
+    v = torch.randn(2, 77, 2, d, generator=gen).to(dtype)
+    return q, k, v
+
+
+def _fp8_bound(ref: torch.Tensor, quant: fp8.Quantized) -> torch.Tensor:
+    # e4m3: 3 mantissa bits (rounding error <= 2^-4 relative), subnormal step 2^-9 of the scale
+    return ref.abs() * 2.0**-4 + fp8._expand_scale(quant, ref.shape) * 2.0**-10 + 1e-6
+
+
+@pytest.mark.parametrize(("granularity", "q_scale", "kv_scale"),
+                         [("tensor", (), ()), ("head", (2, 4), (2, 2)), ("block", (2, 2, 4), (2, 1, 2))])
+@pytest.mark.parametrize("hadamard", [True, False])
+def test_prepare_shapes_and_values(granularity, q_scale, kv_scale, hadamard):
+    q, k, v = _gqa_inputs()
+    x = fp8.prepare(q, k, v, granularity, block_size=128, hadamard=hadamard, seed=7)
+    assert isinstance(x, fp8.Fp8Inputs)
+    assert x.seqlen_k == 77 and x.hadamard_seed == (7 if hadamard else None)
+    assert x.q.data.shape == (2, 200, 4, 128) and x.k.data.shape == (2, 77, 2, 128)
+    assert x.v.data.shape == (2, 2, 128, 96)  # (b, hk, d, padded keys)
+    for quant, shape in ((x.q, q_scale), (x.k, kv_scale), (x.v, kv_scale)):
+        assert quant.data.dtype == torch.float8_e4m3fn
+        assert quant.scale.dtype == torch.float32 and tuple(quant.scale.shape) == shape
+        assert quant.granularity == granularity
+        assert quant.block_size == (128 if granularity == "block" else None)
+    qh, kh = fp8.incoherent(q, k, 7) if hadamard else (q, k)
+    for quant, ref in ((x.q, qh), (x.k, kh)):
+        assert ((quant.dequantize() - ref).abs() <= _fp8_bound(ref, quant)).all()
+    # V: back from the kernel layout, dequantized with its (K-like) scale, untransformed
+    v_back = fp8.Quantized(fp8.v_from_kernel_layout(x.v.data, 77), x.v.scale, granularity, x.v.block_size)
+    assert ((v_back.dequantize() - v).abs() <= _fp8_bound(v, v_back)).all()
+    pad = fp8.v_from_kernel_layout(x.v.data, 96)[:, 77:]
+    assert (pad.view(torch.uint8) == 0).all()
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "head", "block"])
+def test_prepare_hadamard_keeps_scores(granularity):
+    q, k, v = _gqa_inputs()
+    x = fp8.prepare(q, k, v, granularity, hadamard=True, seed=1)
+    qd, kd = x.q.dequantize(torch.float64), x.k.dequantize(torch.float64)
+    kd, k64 = kd.repeat_interleave(2, dim=2), k.double().repeat_interleave(2, dim=2)  # GQA: 2 q heads per kv head
+    s_fp8 = torch.einsum("bqhd,bkhd->bhqk", qd, kd)
+    s_ref = torch.einsum("bqhd,bkhd->bhqk", q.double(), k64)
+    rel = float((s_fp8 - s_ref).norm() / s_ref.norm())
+    assert rel < 0.1, rel
+    assert rel > 0  # it did quantize
+
+
+def test_prepare_from_bf16_inputs():
+    q, k, v = _gqa_inputs(dtype=torch.bfloat16)
+    x = fp8.prepare(q, k, v)
+    assert x.q.data.dtype == x.k.data.dtype == x.v.data.dtype == torch.float8_e4m3fn
+    assert x.q.scale.dtype == torch.float32
+
+
+# ---- fp8_ops: descales and input checks (CPU tensors, no kernel) ------------------------------
+
+def test_descale_per_tensor():
+    q, _, _ = _gqa_inputs()
+    quant = fp8.quantize_e4m3(q, "tensor")
+    d = fp8_ops._descale(quant, 200, 4, 2, 128, "q")
+    assert isinstance(d, abi.Descale)
+    assert d.scale == quant.scale.data_ptr() and d.scale != 0
+    assert (d.batch_stride, d.block_stride, d.head_stride, d.block_rows) == (0, 0, 0, 1)
+
+
+def test_descale_per_head():
+    q, _, _ = _gqa_inputs()
+    quant = fp8.quantize_e4m3(q, "head")
+    d = fp8_ops._descale(quant, 200, 4, 2, 128, "q")
+    assert d.scale == quant.scale.data_ptr()
+    assert (d.batch_stride, d.block_stride, d.head_stride, d.block_rows) == (4, 0, 1, 1)
+    with pytest.raises(ValueError, match=r"q's per-head scale must be \(batch, nheads\) = \(2, 3\)"):
+        fp8_ops._descale(quant, 200, 3, 2, 128, "q")
+
+
+@pytest.mark.parametrize("block_size", [128, 256])
+def test_descale_per_block(block_size):
+    q, k, _ = _gqa_inputs()
+    quant = fp8.quantize_e4m3(q, "block", block_size)
+    d = fp8_ops._descale(quant, 200, 4, 2, 128, "q")
+    nblocks = -(-200 // block_size)
+    assert tuple(quant.scale.shape) == (2, nblocks, 4)
+    assert d.scale == quant.scale.data_ptr()
+    assert (d.batch_stride, d.block_stride, d.head_stride) == quant.scale.stride() == (nblocks * 4, 4, 1)
+    assert d.block_rows == block_size
+    kq = fp8.quantize_e4m3(k, "block", block_size)
+    dk = fp8_ops._descale(kq, 77, 2, 2, 128, "k")
+    assert (dk.batch_stride, dk.block_stride, dk.head_stride, dk.block_rows) == (2, 2, 1, block_size)
+
+
+def test_descale_rejects_blocks_smaller_than_a_tile():
+    q, _, _ = _gqa_inputs()
+    quant = fp8.quantize_e4m3(q, "block", 64)
+    with pytest.raises(ValueError, match=r"k's scale blocks of 64 rows must be a multiple of the kernel's 128-row"):
+        fp8_ops._descale(quant, 200, 4, 2, 128, "k")
+    with pytest.raises(ValueError, match=r"per-block scale must be \(batch, blocks, nheads\)"):
+        fp8_ops._descale(fp8.quantize_e4m3(q, "block", 128), 300, 4, 2, 128, "q")
+
+
+def test_check_inputs_accepts_prepared_inputs_up_to_the_device():
+    q, k, v = _gqa_inputs()
+    x = fp8.prepare(q, k, v)
+    with pytest.raises(ValueError, match=r"q is on cpu; fa3gen kernels run on CUDA"):
+        fp8_ops._check_inputs(x)
+
+
+def test_check_inputs_rejects_v_not_in_kernel_layout():
+    q, k, v = _gqa_inputs()
+    x = fp8.prepare(q, k, v)
+    vq = fp8.quantize_e4m3(v, "block", 128)  # (b, s, h, d) e4m3: not transposed
+    bad = fp8.Fp8Inputs(x.q, x.k, vq, x.seqlen_k)
+    with pytest.raises(ValueError, match=r"fp8 v must be in the kernel's layout .*v_kernel_layout"):
+        fp8_ops._check_inputs(bad)
+
+
+def test_check_inputs_rejects_unpadded_kernel_v():
+    q, k, v = _gqa_inputs()
+    x = fp8.prepare(q, k, v)
+    short = fp8.Quantized(x.v.data[..., :80].contiguous(), x.v.scale, "block", 128)
+    with pytest.raises(ValueError, match=r"kernel's layout .*96"):
+        fp8_ops._check_inputs(fp8.Fp8Inputs(x.q, x.k, short, x.seqlen_k))
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_check_inputs_rejects_16_bit_data(which):
+    q, k, v = _gqa_inputs()
+    x = fp8.prepare(q, k, v)
+    parts = {"q": x.q, "k": x.k, "v": x.v}
+    parts[which] = fp8.Quantized(parts[which].data.to(torch.bfloat16), parts[which].scale, "block", 128)
+    with pytest.raises(TypeError, match=rf"fp8 {which} must be torch.float8_e4m3fn, got torch.bfloat16"):
+        fp8_ops._check_inputs(fp8.Fp8Inputs(parts["q"], parts["k"], parts["v"], x.seqlen_k))
+
+
+def test_check_inputs_rejects_seqlen_mismatch_and_bad_gqa():
+    q, k, v = _gqa_inputs()
+    x = fp8.prepare(q, k, v)
+    with pytest.raises(ValueError, match=r"k has 77 keys but the inputs say seqlen_k=64"):
+        fp8_ops._check_inputs(fp8.Fp8Inputs(x.q, x.k, x.v, 64))
+    q3 = fp8.prepare(q[:, :, :3], k, v)
+    with pytest.raises(ValueError, match=r"nheads_q=3 must be a multiple of nheads_kv=2"):
+        fp8_ops._check_inputs(q3)
+
+
+def test_flash_attn_fp8_func_on_cpu_asks_for_cuda():
+    q, k, v = _gqa_inputs()
+    x = fp8.prepare(q, k, v)
+    with pytest.raises(ValueError, match=r"fa3gen: q is on cpu; fa3gen kernels run on CUDA"):
+        fp8_ops.flash_attn_fp8_func(x, causal=True)
+    with pytest.raises(ValueError, match=r"run on CUDA"):
+        fp8_ops.fp8_attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
+
+
+# ---- accuracy guard of the emulation ---------------------------------------------------------
+
+def test_emulated_block_hadamard_beats_per_tensor():
+    q, k, v = fp8.outlier_inputs(1, 512, 2, 128, seed=2)
+    ref, _ = attention_reference(q.double(), k.double(), v.double())
+    block = fp8.rmse(fp8.emulate_fp8_attention(q, k, v, granularity="block", use_hadamard=True), ref)
+    tensor = fp8.rmse(fp8.emulate_fp8_attention(q, k, v, granularity="tensor", use_hadamard=False), ref)
+    assert block < 1.2e-2, block
+    assert block < tensor, (block, tensor)
+
+
+def test_kernel_layout_v_is_dequantized_through_the_inputs() -> None:
+    """V in the kernel's layout cannot be dequantized as if it were (b, s, h, d); the inputs undo
+    the layout first and give back what the kernel sees."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, s, 2, 64) for s in (100, 300, 300))
+    x = fp8.prepare(q, k, v, "block", 128, hadamard=False)
+    with pytest.raises(ValueError, match="kernel's layout"):
+        x.v.dequantize()
+    qd, kd, vd = x.dequantized()
+    assert vd.shape == v.shape and vd.dtype == torch.float64
+    assert ((vd - v.double()).abs() <= v.abs().double() / 8 + 1e-2).all()  # e4m3: 3 mantissa bits
+    assert torch.equal(qd, x.q.dequantize(torch.float64)) and torch.equal(kd, x.k.dequantize(torch.float64))
+
+
+def test_e4m3_pingpong_default_only_with_two_consumer_warpgroups() -> None:
+    assert not KernelSpec(head_dim=64, dtype="e4m3", block_m=192).pingpong  # three warpgroups: no pingpong
+    assert not KernelSpec(head_dim=128, dtype="e4m3", pingpong=False).pingpong  # an explicit choice stays
+    assert not KernelSpec(head_dim=128).pingpong  # the 16-bit default is unchanged
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_prepare_scale_blocks_default_to_the_kernel_tiles(d) -> None:
+    q, k, v = (torch.randn(1, 500, 2, d) for _ in range(3))
+    x = fp8.prepare(q, k, v)
+    spec = fa3gen.registry.default_fp8_spec(d, d, "bf16", False)
+    assert (x.q.block_size, x.k.block_size, x.v.block_size) == (spec.block_m, spec.block_n, spec.block_n)
+    assert x.k.scale.shape == (1, -(-500 // spec.block_n), 2)
+    pair = fp8.prepare(q, k, v, block_size=(256, 384))
+    assert (pair.q.block_size, pair.k.block_size, pair.v.block_size) == (256, 384, 384)

@@ -3,7 +3,7 @@
 #pragma once
 #include <stdint.h>
 
-#define FA3GEN_ABI_VERSION 5
+#define FA3GEN_ABI_VERSION 6
 #define FA3GEN_MAX_SCALAR_ARGS 8
 #define FA3GEN_MAX_TENSOR_ARGS 8
 #define FA3GEN_MAX_TENSOR_DIMS 4
@@ -25,6 +25,15 @@ typedef struct Fa3genVariantParams {
   int64_t tensor_strides[FA3GEN_MAX_TENSOR_ARGS][FA3GEN_MAX_TENSOR_DIMS];  // their strides, in elements
 } Fa3genVariantParams;
 
+// FP8 descaling factors of one input (q, k or v): the value of row r of (batch b, head h) is its
+// e4m3 value times scale[b * batch_stride + (r / block_rows) * block_stride + h * head_stride].
+// Zero strides broadcast (per tensor: all zero; per (batch, head): block_stride zero). NULL: 1.
+typedef struct Fa3genDescale {
+  const float* scale;
+  int64_t batch_stride, block_stride, head_stride;
+  int32_t block_rows;  // rows per scale block, a multiple of the kernel's tile rows along that input
+} Fa3genDescale;
+
 // Forward attention problem. Tensors are laid out (batch, seqlen, nheads, headdim) with a
 // contiguous last dimension; strides are in elements. lse is (batch, nheads_q, seqlen_q), contiguous.
 typedef struct Fa3genFwdParams {
@@ -43,6 +52,10 @@ typedef struct Fa3genFwdParams {
   // aligned, used by this launch only. The library initializes it on `stream` itself.
   void* workspace;
   Fa3genVariantParams variant;
+  // e4m3 kernels only: the inputs' descaling factors. Their v is laid out (batch, nheads, head_dim,
+  // keys) with keys padded to a multiple of 32 and stored in the order fa3gen.fp8 documents
+  // (v_row_stride steps along head_dim); the other kernels ignore these.
+  Fa3genDescale q_descale, k_descale, v_descale;
 } Fa3genFwdParams;
 
 // Backward problem: the forward's inputs, its output o and lse, the output gradient dout, and the

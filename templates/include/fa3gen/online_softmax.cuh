@@ -18,7 +18,10 @@ __device__ __forceinline__ float quad_allreduce_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
-template <int kRows>
+// kProbLog2Scale: probabilities come out as 2^kProbLog2Scale * exp(...), up to 256 for 8, so that
+// an fp8 P keeps the small ones in its normal range; the row sums carry the same factor, so O's
+// normalization cancels it, and the LSE takes it out.
+template <int kRows, int kProbLog2Scale = 0>
 struct OnlineSoftmax {
   float row_max[kRows];  // running max of raw scores; -inf until a row sees a visible key
   float row_sum[kRows];  // this thread's partial sum of exp(scale * (s - row_max))
@@ -31,23 +34,24 @@ struct OnlineSoftmax {
 
   // Turns scores S (rows, cols) into unnormalized probabilities in place and returns, per row, the
   // factor exp(scale * (old_max - new_max)) that O's rows must be multiplied by. A row whose max is
-  // still -inf gets zeros, never NaN.
+  // still -inf gets zeros, never NaN. block_scale > 0 multiplies this block's scores (an fp8 key
+  // block's descale): it goes into the max once per row and into the exp2's FMA, not per score.
   template <class TensorS>
-  __device__ __forceinline__ void update(TensorS& s, float (&rescale)[kRows]) {
+  __device__ __forceinline__ void update(TensorS& s, float (&rescale)[kRows], float block_scale = 1.f) {
     static_assert(decltype(size<0>(s))::value == kRows);
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float block_max = -CUDART_INF_F;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) { block_max = fmaxf(block_max, s(r, c)); }
-      float const new_max = fmaxf(row_max[r], quad_allreduce_max(block_max));
+      float const new_max = fmaxf(row_max[r], quad_allreduce_max(block_max) * block_scale);
       rescale[r] = row_max[r] == -CUDART_INF_F ? 0.f : exp2f((row_max[r] - new_max) * scale_log2);
-      float const offset = new_max == -CUDART_INF_F ? 0.f : new_max * scale_log2;
+      float const offset = (new_max == -CUDART_INF_F ? 0.f : new_max * scale_log2) - float(kProbLog2Scale);
       row_max[r] = new_max;
       float sum = 0.f;
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -offset));
+        s(r, c) = exp2f(fmaf(s(r, c), scale_log2 * block_scale, -offset));
         sum += s(r, c);
       }
       row_sum[r] = fmaf(row_sum[r], rescale[r], sum);
@@ -63,15 +67,16 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalizes O's rows and returns each row's log-sum-exp (natural log); empty rows: O = 0, -inf.
+  // Normalizes O's rows (times out_scale) and returns each row's log-sum-exp (natural log); empty
+  // rows: O = 0, -inf.
   template <class TensorO>
-  __device__ __forceinline__ void finish(TensorO& o, float softmax_scale, float (&lse)[kRows]) {
+  __device__ __forceinline__ void finish(TensorO& o, float softmax_scale, float (&lse)[kRows], float out_scale = 1.f) {
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float const sum = quad_allreduce_sum(row_sum[r]);
       bool const empty = sum == 0.f || sum != sum;
-      float const inv = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? -CUDART_INF_F : row_max[r] * softmax_scale + __logf(sum);
+      float const inv = empty ? 0.f : out_scale / sum;
+      lse[r] = empty ? -CUDART_INF_F : row_max[r] * softmax_scale + __logf(sum) - float(kProbLog2Scale) * float(M_LN2);
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(o); ++c) { o(r, c) *= inv; }
     }

@@ -47,6 +47,44 @@ __device__ __forceinline__ constexpr auto accumulator_as_a_operand(Layout acc) {
                      coalesce(make_layout(get<2, 1>(v), get<2>(acc))));
 }
 
+// An fp8 register-sourced WGMMA takes K = 32 per instruction, and its A fragment holds, per thread t
+// of a quad, the columns 4t..4t+3 and 16+4t..16+4t+3 of each 32-column slab, while the fp32
+// accumulator holds 2t, 2t+1, 8+2t, 8+2t+1, ... No data moves between threads: each thread's eight
+// accumulator values of a slab row go to its own eight A slots, in key order
+//     slot 4t + a + 16h  <-  column 2t + (a & 1) + 8 (a >> 1) + 16h,
+// and V is stored with its keys in that same order (fa3gen.fp8), so P·V sums matching pairs.
+// acc: ((2, 2, N/8), MMA_M, 1) fp32; a: ((4, 2, 2), MMA_M, N/32) of To (see fp8_a_operand_layout).
+template <class TensorAcc>
+__device__ __forceinline__ constexpr auto fp8_a_operand_layout(TensorAcc const&) {
+  using Acc = typename TensorAcc::layout_type;
+  constexpr int kMmaM = decltype(size<1>(Acc{}))::value;
+  constexpr int kSlabs = decltype(size<0, 2>(Acc{}))::value / 4;
+  static_assert(decltype(size<0, 2>(Acc{}))::value % 4 == 0, "fp8 P needs N to be a multiple of 32");
+  return make_layout(Shape<Shape<_4, _2, _2>, Int<kMmaM>, Int<kSlabs>>{});
+}
+
+template <class To, class TensorAcc, class TensorA>
+__device__ __forceinline__ void convert_to_fp8_a_operand(TensorAcc const& acc, TensorA& a) {
+  cutlass::NumericArrayConverter<To, float, 4> convert;
+  CUTLASS_PRAGMA_UNROLL
+  for (int m = 0; m < size<1>(a); ++m) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int slab = 0; slab < size<2>(a); ++slab) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int row = 0; row < 2; ++row) {
+          cutlass::Array<float, 4> x;
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < 4; ++i) { x[i] = acc(make_coord(i & 1, row, 4 * slab + 2 * half + (i >> 1)), m, 0); }
+          // The four slots of one (row, half) are one 32-bit register of the A fragment.
+          *reinterpret_cast<cutlass::Array<To, 4>*>(&a(make_coord(0, row, half), m, slab)) = convert(x);
+        }
+      }
+    }
+  }
+}
+
 // Rounds an fp32 fragment into a same-shaped fragment of To, two elements per conversion.
 template <class To, class TensorFrom, class TensorTo>
 __device__ __forceinline__ void convert_fragment(TensorFrom const& from, TensorTo& to) {

@@ -1,0 +1,143 @@
+"""FP8 forward beside the bf16 forward, cuDNN and the fp8 GEMM ceiling, in one process.
+
+FA3 setup: 16k tokens (batch = 16384 / seqlen), hidden 2048 (nheads = 2048 / head_dim). For
+each case: fa3gen's e4m3 kernel on prepared inputs (per-block scales, Hadamard applied
+beforehand, as a model would keep them; also per-(batch, head) scales), fa3gen's bf16 kernel and torch SDPA's cuDNN backend
+on the bf16 inputs; plus a torch._scaled_mm e4m3 8192³ GEMM and a bf16 8192³ matmul, and the
+cost of the input preparation (v_kernel_layout alone, and all of fa3gen.fp8.prepare).
+
+Usage: python scripts/bench_fp8.py [--hdim 64,128,256] [--seqlens 4096,16384] [--json out.json]
+                                  [--tiles]   # also time the alternative tiles in TILE_CANDIDATES
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import fa3gen  # noqa: E402
+from fa3gen import fp8, fp8_ops  # noqa: E402
+from fa3gen.bench import attn_fwd_flops, time_cuda_ms  # noqa: E402
+from fa3gen.ops import flash_attn_func  # noqa: E402
+
+
+# Tiles and schedules to compare with the defaults (FP8_TILES, pingpong), same process and inputs
+# (scale blocks of 768 rows: whole tiles of every candidate): --tiles.
+TILE_CANDIDATES = {
+    64: [dict(block_n=128), dict(block_m=192, block_n=128)],
+    128: [dict(block_n=128), dict(block_n=256), dict(pingpong=False)],
+    256: [dict(block_n=64), dict(pingpong=False)],
+}
+CAUSAL_CANDIDATES = [dict(pingpong=False)]
+
+
+def tile_specs(d: int, causal: bool) -> list[fa3gen.KernelSpec]:
+    out = []
+    for fields in (CAUSAL_CANDIDATES if causal else TILE_CANDIDATES.get(d, [])):
+        try:
+            out.append(fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **fields))
+        except ValueError as e:  # a tile that does not fit is reported, not timed
+            print(f"skip d{d} {fields}: {str(e).splitlines()[0]}")
+    return out
+
+
+def timed(fn) -> float:
+    return time_cuda_ms(fn, warmup=5, reps=20, min_rep_ms=20.0)
+
+
+def gemm_ceilings() -> dict[str, float]:
+    n = 8192
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major B, as cuBLASLt wants
+    one = torch.ones((), device="cuda")
+    ms_fp8 = timed(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms_bf16 = timed(lambda: x @ x)
+    return {"scaled_mm_fp8": 2 * n**3 / ms_fp8 / 1e9, "matmul_bf16": 2 * n**3 / ms_bf16 / 1e9}
+
+
+def run_case(d: int, s: int, causal: bool, tiles: bool) -> dict:
+    b, h = 16384 // s, 2048 // d
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    scale = 1 / math.sqrt(d)
+    inputs = fp8.prepare(q, k, v, "block", hadamard=True)  # one scale per tile of Q, K and V
+    flops = attn_fwd_flops(b, h, s, s, d, causal)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
+
+    out8 = fp8_ops.flash_attn_fp8_func(inputs, scale, causal)
+    ref = flash_attn_func(q, k, v, scale, causal)
+    rel = float((out8.float() - ref.float()).norm() / ref.float().norm())
+    v8 = fp8.quantize_e4m3(v, "block").data  # fp8 V as (b, s, h, d): what v_kernel_layout converts
+    ms = {
+        "fp8": timed(lambda: fp8_ops.flash_attn_fp8_func(inputs, scale, causal)),
+        "bf16": timed(lambda: flash_attn_func(q, k, v, scale, causal)),
+        "cudnn_bf16": timed(cudnn),
+        "v_kernel_layout": timed(lambda: fp8.v_kernel_layout(v8)),
+        "prepare": timed(lambda: fp8.prepare(q, k, v, "block", hadamard=True)),
+    }
+    per_head = fp8.prepare(q, k, v, "head", hadamard=True)  # K's factor folds into the softmax scale
+    ms["fp8 per-(batch, head) scales"] = timed(lambda: fp8_ops.flash_attn_fp8_func(per_head, scale, causal))
+    if tiles:
+        # Scale blocks of 768 rows cover whole tiles of every candidate (128, 192, 256, 64, 96 rows).
+        inputs = fp8.prepare(q, k, v, "block", 768, hadamard=True)
+        ms["fp8 default, 768-row scale blocks"] = timed(lambda: fp8_ops.flash_attn_fp8_func(inputs, scale, causal))
+        for spec in tile_specs(d, causal):
+            try:
+                kernel = fa3gen.compile(spec)
+            except Exception as e:  # noqa: BLE001 - not prebuilt: reported, the rest still runs
+                print(f"{spec.name}: {type(e).__name__}: {str(e).splitlines()[0]}")
+                continue
+            fp8_ops.flash_attn_fp8_func(inputs, scale, causal, kernel=kernel)
+            ms[f"fp8 {spec.name}"] = timed(lambda: fp8_ops.flash_attn_fp8_func(inputs, scale, causal, kernel=kernel))
+    tf = {name: flops / t / 1e9 for name, t in ms.items() if name.startswith(("fp8", "bf16", "cudnn_bf16"))}
+    for name, value in tf.items():
+        if name.startswith("fp8 "):
+            print(f"  {name[4:]}: {value:.1f} TFLOP/s (default, one scale per tile: {tf['fp8']:.1f})")
+    return {"head_dim": d, "seqlen": s, "batch": b, "nheads": h, "causal": causal, "ms": ms, "tflops": tf,
+            "fp8_vs_bf16_rel_diff": rel}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hdim", default="64,128,256")
+    ap.add_argument("--seqlens", default="4096,16384")
+    ap.add_argument("--json")
+    ap.add_argument("--tiles", action="store_true", help="also time the tiles in TILE_CANDIDATES")
+    args = ap.parse_args()
+    print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__}")
+    ceil = gemm_ceilings()
+    print(f"torch._scaled_mm e4m3 8192^3: {ceil['scaled_mm_fp8']:.1f} TFLOP/s · bf16 matmul: {ceil['matmul_bf16']:.1f}")
+    print("| case | fa3gen fp8 | fa3gen bf16 | cuDNN bf16 | fp8/bf16 | fp8/scaled_mm | V layout ms | prepare ms | fp8 vs bf16 rel diff |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for d in (int(x) for x in args.hdim.split(",")):
+        for s in (int(x) for x in args.seqlens.split(",")):
+            for causal in (False, True):
+                r = run_case(d, s, causal, args.tiles)
+                rows.append(r)
+                tf, ms = r["tflops"], r["ms"]
+                print(f"| d{d} s{s} b{r['batch']} h{r['nheads']}{' causal' if causal else ''} | {tf['fp8']:.1f} | "
+                      f"{tf['bf16']:.1f} | {tf['cudnn_bf16']:.1f} | {tf['fp8'] / tf['bf16']:.2f}x | "
+                      f"{tf['fp8'] / ceil['scaled_mm_fp8']:.2f} | {ms['v_kernel_layout']:.3f} | {ms['prepare']:.3f} | "
+                      f"{r['fp8_vs_bf16_rel_diff']:.1e} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ceilings": ceil, "cases": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

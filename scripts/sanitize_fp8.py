@@ -1,0 +1,32 @@
+"""A tiny FP8 forward workload for compute-sanitizer: ragged, GQA, sq != sk, causal and not, each
+scale granularity, pingpong or not, hdim 64 to 256. Prints one line per case."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fa3gen  # noqa: E402
+from fa3gen import fp8, fp8_ops  # noqa: E402
+
+CASES = [  # b, sq, sk, hq, hkv, d, causal, granularity, spec changes
+    (1, 77, 200, 4, 2, 128, True, "block", {}),
+    (2, 150, 70, 2, 1, 64, True, "head", {}),
+    (1, 300, 130, 2, 2, 256, False, "tensor", {}),
+    (1, 200, 333, 4, 2, 128, False, "block", {"pingpong": True}),
+    (1, 260, 260, 2, 1, 128, True, "block", {"pingpong": True}),
+]
+
+for b, sq, sk, hq, hkv, d, causal, granularity, changes in CASES:
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+    inputs = fp8.prepare(q, k, v, granularity)
+    kernel = fa3gen.compile(fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **changes))
+    out = fp8_ops.flash_attn_fp8_func(inputs, causal=causal, kernel=kernel)
+    torch.cuda.synchronize()
+    print("ok", (b, sq, sk, hq, hkv, d, causal, granularity, changes), "finite:", bool(torch.isfinite(out).all()),
+          flush=True)
