@@ -62,13 +62,18 @@ def _bytes_per_element(dtype: str) -> int:
     return {"fp16": 2, "bf16": 2, "e4m3": 1}.get(dtype, 2)  # an unknown dtype is reported by its own field
 
 
-# FP8 (e4m3) forward tiles (block_m, block_n) by head dim, with pingpong on: measured on the H200
+# FP8 kernels give the producer warpgroup 24 registers and two consumer warpgroups 240 each (the
+# whole launch allocation, 384 x 168): hdim 256 then runs 128 x 128 tiles without spilling, 882 ->
+# 994 TFLOP/s against 128 x 96 (H200, s16k, same process). The lpt scheduler's producer spills at
+# 24 (136-216 B in the causal kernels); measured faster all the same at hdim 256 (823 -> 897).
+FP8_REGISTER_SPLIT = {2: (24, 240)}
+# FP8 (e4m3) forward tiles (block_m, block_n) by head dim, with pingpong on. Measured on the H200
 # (2026-11-30, s16k, same process) against 128 x 128 without pingpong: hdim 64 345 -> 436 TFLOP/s
-# (128 x 192, pingpong), hdim 128 623 -> 739 (128 x 192, pingpong), hdim 256 843 -> 860 (128 x 96,
-# pingpong; 128 x 128 spills there). The fp8 GEMMs are twice as fast as 16-bit ones, so the
-# softmax's exp2 (MUFU) is as long as the GEMMs: pingpong lets one warpgroup's softmax run under
+# (128 x 192, pingpong), hdim 128 623 -> 739 (128 x 192, pingpong); hdim 256 keeps 128 x 128,
+# with pingpong, given the registers above. The fp8 GEMMs are twice as fast as 16-bit ones, so
+# the softmax's exp2 (MUFU) takes as long as they do: pingpong runs one warpgroup's softmax under
 # the other's GEMMs. fa3gen.fp8.prepare's per-block scales default to these tiles' rows.
-FP8_TILES = {64: (128, 192), 96: (128, 128), 128: (128, 192), 192: (128, 128), 256: (128, 96)}
+FP8_TILES = {64: (128, 192), 96: (128, 128), 128: (128, 192), 192: (128, 128), 256: (128, 128)}
 # The P·V GEMM of an fp8 kernel takes K = 32 keys per WGMMA: block_n must be a multiple of it.
 WGMMA_K_FP8 = 32
 
@@ -339,7 +344,7 @@ class KernelSpec(BaseModel):
                 + (f", O {bm}x{dv} for the TMA-store epilogue" if self.epilogue == "tma" else "")
                 + "): lower block_n, block_m or stages" + (", or use epilogue='direct'" if self.epilogue == "tma" else "")
             )
-        need, limit = self.consumer_registers_estimate, REGISTER_SPLIT[nwg][1]
+        need, limit = self.consumer_registers_estimate, self.register_split[1]
         if need > limit:
             raise ValueError(
                 f"consumer warpgroup needs ~{need} registers per thread (S {bn // 2} + O {dv // 2} "
@@ -434,6 +439,8 @@ class KernelSpec(BaseModel):
         assert self.num_consumer_warpgroups
         if self.kind == "bwd":
             return BWD_REGISTER_SPLIT
+        if self.is_fp8 and self.num_consumer_warpgroups in FP8_REGISTER_SPLIT:
+            return FP8_REGISTER_SPLIT[self.num_consumer_warpgroups]
         return REGISTER_SPLIT[self.num_consumer_warpgroups]
 
     @property

@@ -44,8 +44,8 @@ constexpr int kMmaThreads = 128 * kConsumerWarpgroups;
 constexpr int kThreads = 128 + kMmaThreads;  // warpgroup 0 produces, the others consume
 constexpr uint32_t kTurnBarrier = 0;  // first of the named barriers that order pingpong turns
 constexpr uint32_t kEpilogueBarrier = 2;  // named barrier of the consumers around the O staging tile
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
 
 using TileQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;   // S = Q·Kᵀ
 using TilePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;  // O += P·V

@@ -35,7 +35,7 @@ from fa3gen.ops import flash_attn_func  # noqa: E402
 TILE_CANDIDATES = {
     64: [dict(block_n=128), dict(block_m=192, block_n=128)],
     128: [dict(block_n=128), dict(block_n=256), dict(pingpong=False)],
-    256: [dict(block_n=64), dict(pingpong=False)],
+    256: [dict(block_n=96), dict(pingpong=False)],
 }
 CAUSAL_CANDIDATES = [dict(pingpong=False)]
 

@@ -27,10 +27,11 @@ pytestmark = [
 
 # P is rounded to e4m3 (scaled by 256 first) before P·V, and fp8 WGMMAs accumulate with less
 # than fp32's precision: measured on the H200, O's relative error vs the dequantized inputs'
-# float64 attention is ~7e-3 and the LSE's ~1e-2 absolute (scores of tens). A wrong key order,
-# V layout or descale gives errors of order 1.
+# float64 attention is 6-8e-3 and the LSE's 1-3e-2 absolute, growing with the head dim (scores of
+# tens: 1.2e-2 at hdim 64, 2.6e-2 at 256). A wrong key order, V layout or descale gives errors of
+# order 1.
 O_TOLERANCE = 3e-2
-LSE_TOLERANCE = 3e-2
+LSE_TOLERANCE = 3e-2  # at hdim 128; scaled by sqrt(head_dim / 128)
 SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (1, 2049, 2049, 2, 2)]
 
 
@@ -72,9 +73,10 @@ def check(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1)):
     assert (out.permute(0, 2, 1, 3)[~visible] == 0).all(), "rows that see no key: out must be 0"
     rel = float((out.double() - ref).norm() / ref.norm())
     lse_err = float((lse[visible].double() - ref_lse[visible]).abs().max())
+    lse_tol = LSE_TOLERANCE * math.sqrt(q.shape[-1] / 128)
     print(f"q {tuple(q.shape)} k {tuple(k.shape)} causal={causal}: O rel err {rel:.2e}, lse max err {lse_err:.1e}")
     assert rel < O_TOLERANCE, f"O rel err {rel:.2e}"
-    assert lse_err < LSE_TOLERANCE, f"lse max abs err {lse_err:.2e}"
+    assert lse_err < lse_tol, f"lse max abs err {lse_err:.2e} >= {lse_tol:.1e}"
     return rel
 
 
