@@ -73,7 +73,8 @@ FP8_REGISTER_SPLIT = {2: (24, 240)}
 # with pingpong, given the registers above. The fp8 GEMMs are twice as fast as 16-bit ones, so
 # the softmax's exp2 (MUFU) takes as long as they do: pingpong runs one warpgroup's softmax under
 # the other's GEMMs. fa3gen.fp8.prepare's per-block scales default to these tiles' rows.
-FP8_TILES = {64: (128, 192), 96: (128, 128), 128: (128, 192), 192: (128, 128), 256: (128, 128)}
+# Head dims with an fp8 kernel: those run on the H200 against float64 (96 is not).
+FP8_TILES = {64: (128, 192), 128: (128, 192), 192: (128, 128), 256: (128, 128)}
 # The P·V GEMM of an fp8 kernel takes K = 32 keys per WGMMA: block_n must be a multiple of it.
 WGMMA_K_FP8 = 32
 
@@ -206,7 +207,8 @@ class KernelSpec(BaseModel):
         if data.get("kind") == "bwd":
             return cls._fill_bwd_defaults(data)
         if d in SUPPORTED_HEAD_DIMS:
-            bm, bn = FP8_TILES[d] if data.get("dtype") == "e4m3" else _DEFAULT_TILES[(d, causal)]
+            fp8 = data.get("dtype") == "e4m3"
+            bm, bn = FP8_TILES.get(d, (128, 128)) if fp8 else _DEFAULT_TILES[(d, causal)]  # fp8 96: refused below
             if data.get("head_dim_v") is None:
                 data["head_dim_v"] = d
             if data.get("block_m") is None:
@@ -257,6 +259,9 @@ class KernelSpec(BaseModel):
         return data
 
     def _check_fp8(self) -> None:
+        if self.head_dim not in FP8_TILES or self.head_dim_v not in FP8_TILES:
+            raise ValueError(f"dtype='e4m3' supports head dims {tuple(FP8_TILES)}, got head_dim={self.head_dim}, "
+                             f"head_dim_v={self.head_dim_v}")
         if self.kind == "bwd":
             raise ValueError("dtype='e4m3' is forward-only: there is no FP8 backward kernel (train in bf16/fp16)")
         unsupported = [name for name, on in (("softcap", self.softcap), ("alibi", self.alibi),
