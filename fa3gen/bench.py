@@ -132,6 +132,16 @@ def time_cuda_ms(fn: Callable[[], Any], warmup: int, reps: int, min_rep_ms: floa
     return statistics.median(times)
 
 
+def matmul_bf16_tflops(device, warmup: int, reps: int, min_rep_ms: float, n: int = 8192) -> float:
+    """The ceiling line: TFLOP/s of a bf16 n³ torch.matmul on `device`."""
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = time_cuda_ms(lambda: torch.matmul(a, b), warmup, reps, min_rep_ms)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
 # ---------------------------------------------------------------------------------------------
 # kernels: build up front, cold/warm compile timing
 # ---------------------------------------------------------------------------------------------
@@ -400,13 +410,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- ceiling ---
     if not args.no_matmul:
-        n = 8192
-        a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-        b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-        ms = time_cuda_ms(lambda: torch.matmul(a, b), args.warmup, args.reps, args.min_rep_ms)
-        result["matmul_bf16_8192_tflops"] = 2 * n**3 / (ms * 1e-3) / 1e12
+        result["matmul_bf16_8192_tflops"] = matmul_bf16_tflops(dev, args.warmup, args.reps, args.min_rep_ms)
         print(f"ceiling: bf16 matmul 8192^3 = {result['matmul_bf16_8192_tflops']:.1f} TFLOP/s", flush=True)
-        del a, b
 
     # --- cases ---
     rows = []

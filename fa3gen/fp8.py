@@ -133,10 +133,8 @@ def v_from_kernel_layout(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """The inverse of v_kernel_layout: (batch, seqlen_k, nheads, head_dim_v)."""
     b, h, d, sp = vt.shape
     raw = vt.view(torch.uint8) if vt.dtype == torch.float8_e4m3fn else vt
-    inverse = torch.empty(KEY_GROUP, dtype=torch.long)
-    inverse[torch.tensor(V_KEY_ORDER)] = torch.arange(KEY_GROUP)
-    keys = raw.reshape(b, h, d, sp // KEY_GROUP, KEY_GROUP)[..., inverse.to(vt.device)].reshape(b, h, d, sp)
-    out = keys[..., :seqlen_k].permute(0, 3, 1, 2).contiguous()
+    slots = raw.reshape(b, h, d, sp // KEY_GROUP, 2, 4, 2, 2)  # (b, heads, dim, group, h, t, m, j)
+    out = slots.permute(0, 3, 4, 6, 5, 7, 1, 2).reshape(b, sp, h, d)[:, :seqlen_k].contiguous()
     return out.view(torch.float8_e4m3fn) if vt.dtype == torch.float8_e4m3fn else out
 
 

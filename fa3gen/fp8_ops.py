@@ -158,13 +158,8 @@ def _launch(inputs: Fp8Inputs, out: torch.Tensor, lse: torch.Tensor, softmax_sca
     q, vt = inputs.q.data, inputs.v.data
     ops._check_aligned((("q", q), ("k", inputs.k.data), ("v", vt)))
     ops._check_gpu(q.device)
-    spec = kernel.spec
-    params = _params(inputs, out, lse, softmax_scale, spec)
-    workspace = ops._alloc_workspace(kernel.workspace_bytes, q.device)
-    params.workspace = workspace.data_ptr() if workspace is not None else None
-    ops._fill_variant(params, kernel, variant, q, inputs.k.data, spec.causal)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    ops._on_device(q.device, lambda: kernel.fwd(params, stream))
+    params = _params(inputs, out, lse, softmax_scale, kernel.spec)
+    ops._run_fwd(kernel, params, variant, q, inputs.k.data, kernel.spec.causal)
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None,

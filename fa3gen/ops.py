@@ -359,13 +359,29 @@ def _on_device(device: torch.device, launch: Callable[[], None]) -> None:
         launch()
 
 
-def _launch_params(workspace_bytes: int, q, k, v, out, lse, softmax_scale: float) -> tuple[FwdParams, torch.Tensor | None]:
-    """FwdParams plus the scratch tensor the kernel asked for (e.g. the lpt scheduler's tile
-    counter), which the caller keeps alive until the launch is queued (``_alloc_workspace``)."""
-    params = _make_params(q, k, v, out, lse, softmax_scale)
-    workspace = _alloc_workspace(workspace_bytes, q.device)
+def _attach_workspace(params: FwdParams, workspace_bytes: int, device: torch.device) -> torch.Tensor | None:
+    """The scratch the kernel asked for (e.g. the lpt scheduler's tile counter) into
+    params.workspace; the caller keeps the returned tensor alive until the launch is queued
+    (``_alloc_workspace``)."""
+    workspace = _alloc_workspace(workspace_bytes, device)
     params.workspace = workspace.data_ptr() if workspace is not None else None
-    return params, workspace
+    return workspace
+
+
+def _launch_params(workspace_bytes: int, q, k, v, out, lse, softmax_scale: float) -> tuple[FwdParams, torch.Tensor | None]:
+    """FwdParams plus the scratch tensor the kernel asked for (``_attach_workspace``)."""
+    params = _make_params(q, k, v, out, lse, softmax_scale)
+    return params, _attach_workspace(params, workspace_bytes, q.device)
+
+
+def _run_fwd(kernel: Any, params: FwdParams, variant: VariantArgs, q: torch.Tensor, k: torch.Tensor,
+             causal: bool) -> None:
+    """What every forward launch ends with: its scratch, the call's variant values, and the launch
+    on q's device and current stream."""
+    _workspace_alive = _attach_workspace(params, kernel.workspace_bytes, q.device)
+    _fill_variant(params, kernel, variant, q, k, causal)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _on_device(q.device, lambda: kernel.fwd(params, stream))
 
 
 def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None,
@@ -378,10 +394,7 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
     if kernel is None:  # the registry kernel for these inputs
         kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), variant.window,
                              variant.softcap > 0, variant.alibi_slopes is not None)
-    params, _workspace_alive = _launch_params(kernel.workspace_bytes, q, k, v, out, lse, softmax_scale)
-    _fill_variant(params, kernel, variant, q, k, causal)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    _on_device(q.device, lambda: kernel.fwd(params, stream))
+    _run_fwd(kernel, _make_params(q, k, v, out, lse, softmax_scale), variant, q, k, causal)
 
 
 def _fill_variant(params: FwdParams | BwdParams, kernel: Any, variant: VariantArgs, q: torch.Tensor,

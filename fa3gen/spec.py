@@ -80,8 +80,8 @@ WGMMA_K_FP8 = 32
 
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
-_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", "window", "softcap", "alibi", "score_mod", "mask_mod",
-                   "params")
+_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", "window", "softcap", "alibi",
+                   "score_mod", "mask_mod", "params")
 
 
 def _bwd_dq_buffers(block_n: int) -> int:
@@ -221,7 +221,7 @@ class KernelSpec(BaseModel):
                 data["block_m"] = WGMMA_M * nwg if isinstance(nwg, int) else bm
             if data.get("block_n") is None:
                 data["block_n"] = bn
-            if data.get("dtype") == "e4m3" and "pingpong" not in data and data.get("block_m") == 2 * WGMMA_M:
+            if fp8 and "pingpong" not in data and data.get("block_m") == 2 * WGMMA_M:
                 data["pingpong"] = True  # FP8_TILES: the fp8 kernels' schedule, where two warpgroups allow it
         if data.get("stages") is None:
             data["stages"] = 2

@@ -26,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import fa3gen  # noqa: E402
 from fa3gen import fp8, fp8_ops  # noqa: E402
-from fa3gen.bench import attn_fwd_flops, time_cuda_ms  # noqa: E402
+from fa3gen.bench import attn_fwd_flops, matmul_bf16_tflops, time_cuda_ms  # noqa: E402
 from fa3gen.ops import flash_attn_func  # noqa: E402
 
 
@@ -50,8 +50,11 @@ def tile_specs(d: int, causal: bool) -> list[fa3gen.KernelSpec]:
     return out
 
 
+TIMING = (5, 20, 20.0)  # warm-up calls, repetitions (the median counts), ms per repetition at least
+
+
 def timed(fn) -> float:
-    return time_cuda_ms(fn, warmup=5, reps=20, min_rep_ms=20.0)
+    return time_cuda_ms(fn, *TIMING)
 
 
 def gemm_ceilings() -> dict[str, float]:
@@ -60,9 +63,7 @@ def gemm_ceilings() -> dict[str, float]:
     b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()  # column-major B, as cuBLASLt wants
     one = torch.ones((), device="cuda")
     ms_fp8 = timed(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms_bf16 = timed(lambda: x @ x)
-    return {"scaled_mm_fp8": 2 * n**3 / ms_fp8 / 1e9, "matmul_bf16": 2 * n**3 / ms_bf16 / 1e9}
+    return {"scaled_mm_fp8": 2 * n**3 / ms_fp8 / 1e9, "matmul_bf16": matmul_bf16_tflops("cuda", *TIMING)}
 
 
 def run_case(d: int, s: int, causal: bool, tiles: bool) -> dict:

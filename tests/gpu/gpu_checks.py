@@ -31,15 +31,23 @@ def check_poisoned_launch(q, k, v, causal, kernel, variant, tol, lse_tol=1e-3, *
     _launch(q, k, v, out, lse, scale, causal, kernel, variant)
     torch.cuda.synchronize()
     ref, ref_lse = attention_reference(q, k, v, scale, causal, **reference_variant)
+    rel, _ = check_poisoned_outputs(out, lse, ref, ref_lse, tol, lse_tol, f"q {tuple(q.shape)}, k {tuple(k.shape)}")
+    return rel
+
+
+def check_poisoned_outputs(out, lse, ref, ref_lse, tol, lse_tol, what: str) -> tuple[float, float]:
+    """The checks of a launch into NaN-poisoned out and lse against the float64 reference: every
+    output written, rows that see no key exactly 0 and -inf, the relative error of out and the
+    largest absolute error of the visible rows' lse under their bounds. Returns both errors."""
     assert not out.isnan().any() and not lse.isnan().any(), "unwritten outputs"
     visible = torch.isfinite(ref_lse)
     assert torch.isneginf(lse[~visible]).all(), "rows that see no key: lse must be -inf"
     assert (out.permute(0, 2, 1, 3)[~visible] == 0).all(), "rows that see no key: out must be 0"
     rel = float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-    assert rel < tol, f"q {tuple(q.shape)}, k {tuple(k.shape)}: rel err {rel:.2e} >= {tol:.0e}"
+    assert rel < tol, f"{what}: rel err {rel:.2e} >= {tol:.0e}"
     lse_err = float((lse[visible].double() - ref_lse[visible]).abs().max()) if visible.any() else 0.0
-    assert lse_err < lse_tol, f"lse err {lse_err:.2e}"
-    return rel
+    assert lse_err < lse_tol, f"{what}: lse err {lse_err:.2e} >= {lse_tol:.1e}"
+    return rel, lse_err
 
 
 def reference_gradient_is_zero(name: str, g: torch.Tensor, ref: torch.Tensor, eps: float) -> bool:
