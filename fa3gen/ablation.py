@@ -2,8 +2,8 @@
 
 One shape (hdim 128, batch 4, seqlen 8448, 16 heads, bf16, not causal). Each variant is the
 default spec with one switch changed, compiled like any other spec, launched into the same
-inputs, checked against the default's output and timed with the same CUDA-event timer as the
-bench, beside cuDNN SDPA in this process.
+inputs, checked against the default's output and timed with the bench's interleaved CUDA-event
+timer beside cuDNN SDPA in this process.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from .spec import KernelSpec
 
+CUDNN = "cuDNN SDPA (reference)"
 SHAPE = {"batch": 4, "seqlen": 8448, "nheads": 16, "head_dim": 128}
 
 
@@ -22,20 +23,23 @@ def variants(dtype: str = "bf16") -> dict[str, KernelSpec | None]:
         return KernelSpec(head_dim=SHAPE["head_dim"], dtype=dtype, **switches)
 
     return {
-        "default (overlap, persistent static, TMA-store epilogue)": spec(),
-        "+ pingpong": spec(pingpong=True),
+        "default (intra-warpgroup and inter-tile overlap, persistent static, TMA-store epilogue)": spec(),
+        "no inter-tile overlap": spec(inter_tile_overlap=False),
+        "+ pingpong (no inter-tile overlap)": spec(pingpong=True),
         "no intra-warpgroup overlap": spec(intra_wg_overlap=False),
         "no overlap, + pingpong": spec(intra_wg_overlap=False, pingpong=True),
         "one CTA per tile (no persistence)": spec(scheduler="grid"),
         "dynamic lpt scheduler instead of static": spec(scheduler="lpt"),
         "O stored from registers (no TMA-store epilogue)": spec(epilogue="direct"),
+        "one Q buffer (no inter-tile overlap)": spec(q_buffers=1),
         # Every fa3gen kernel has a TMA producer warpgroup: there is no spec without it.
         "no warp specialization": None,
     }
 
 
 def run(args: Any, time_ms) -> int:
-    """Runs the ablation; `time_ms(fn)` is the bench's timer. Returns a process exit code."""
+    """Runs the ablation; `time_ms({name: fn})` is the bench's interleaved timer (milliseconds per
+    name). Returns a process exit code."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -56,16 +60,17 @@ def run(args: Any, time_ms) -> int:
     scale = 1.0 / math.sqrt(d)
     stream = torch.cuda.current_stream().cuda_stream
     reference = None
-    rows, failed = [], False
-    warmed = False
+    failed = False
+    rows: dict[str, str] = {}
+    fns, alive = {}, []  # name -> launch; launch params and outputs kept alive while timed
     for name, spec in specs.items():
         if spec is None:
-            rows.append(f"| {name} | n/a | spec cannot express it |")
+            rows[name] = f"| {name} | n/a | spec cannot express it |"
             continue
         kernel = compile(spec)
         out = torch.full((b, s, h, d), float("nan"), device="cuda", dtype=dtype)
         lse = torch.empty((b, h, s), device="cuda", dtype=torch.float32)
-        params, _workspace_alive = _launch_params(kernel.workspace_bytes, q, k, v, out, lse, scale)
+        params, workspace = _launch_params(kernel.workspace_bytes, q, k, v, out, lse, scale)
         kernel.fwd(params, stream)
         torch.cuda.synchronize()
         if reference is None:
@@ -73,20 +78,22 @@ def run(args: Any, time_ms) -> int:
         diff = float((out.float() - reference.float()).abs().max())
         ok = bool(torch.isfinite(out).all()) and diff < 1e-2
         failed |= not ok
-        if not warmed:
-            # The GPU sat idle while the variants compiled; timed now, the first variant would run at
-            # boost clocks the later ones no longer get (it read 8-12% high). One discarded pass first.
-            time_ms(lambda: kernel.fwd(params, stream))
-            warmed = True
-        ms = time_ms(lambda: kernel.fwd(params, stream))
-        rows.append(f"| {name} | {flops / ms / 1e9:.1f} | `{spec.name}`, max diff vs default {diff:.1e}"
-                    f"{'' if ok else ' FAILED'} |")
-        print(rows[-1], flush=True)
+        alive.append((params, workspace, out, lse))
+        fns[name] = lambda kernel=kernel, params=params: kernel.fwd(params, stream)
+        rows[name] = f"`{spec.name}`, max diff vs default {diff:.1e}{'' if ok else ' FAILED'}"
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        ms = time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, scale=scale))
-    rows.append(f"| cuDNN SDPA (reference) | {flops / ms / 1e9:.1f} | same inputs, same process |")
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, scale=scale)
+
+    fns[CUDNN] = cudnn
+    rows[CUDNN] = "same inputs, same process"
+    for name, ms in time_ms(fns).items():
+        failed |= isinstance(ms, Exception)
+        tflops = f"{type(ms).__name__}: {ms}" if isinstance(ms, Exception) else f"{flops / ms / 1e9:.1f}"
+        rows[name] = f"| {name} | {tflops} | {rows[name]} |"
     print(f"\nablation: hdim {d}, batch {b}, seqlen {s}, {h} heads, {args.dtype}, not causal; "
           f"TFLOP/s, median of {args.reps}\n")
-    print("\n".join(["| variant | TFLOP/s | spec |", "|---|---|---|", *rows]), flush=True)
+    print("\n".join(["| variant | TFLOP/s | spec |", "|---|---|---|", *rows.values()]), flush=True)
     return 1 if failed else 0

@@ -132,6 +132,46 @@ def time_cuda_ms(fn: Callable[[], Any], warmup: int, reps: int, min_rep_ms: floa
     return statistics.median(times)
 
 
+def time_cuda_ms_interleaved(fns: dict[str, Callable[[], Any]], warmup: int, reps: int,
+                             min_rep_ms: float) -> dict[str, float | Exception]:
+    """Median milliseconds per call of each fn, timed in interleaved rounds: every round runs one
+    batch of each fn, in an order rotated round to round. Timed one after another, the first
+    implementation ran at clocks the later ones no longer got (up to 8-12% apart on the H200);
+    interleaving gives every implementation the same share of the GPU's clock and thermal drift.
+    A fn that raises gets its exception instead of a time."""
+    import torch
+
+    inner: dict[str, int] = {}
+    result: dict[str, float | Exception] = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(max(1, warmup)):
+                fn()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            inner[name] = max(1, min(100, math.ceil(min_rep_ms / max(start.elapsed_time(end), 1e-3))))
+        except Exception as e:  # noqa: BLE001 - reported per implementation by the caller
+            result[name] = e
+            torch.cuda.synchronize()
+    names = list(inner)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(reps if names else 0):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner[name]):
+                fns[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / inner[name])
+    result.update({name: statistics.median(t) for name, t in times.items()})
+    return {name: result[name] for name in fns}
+
+
 def matmul_bf16_tflops(device, warmup: int, reps: int, min_rep_ms: float, n: int = 8192) -> float:
     """The ceiling line: TFLOP/s of a bf16 n³ torch.matmul on `device`."""
     import torch
@@ -146,7 +186,7 @@ def matmul_bf16_tflops(device, warmup: int, reps: int, min_rep_ms: float, n: int
 # kernels: build up front, cold/warm compile timing
 # ---------------------------------------------------------------------------------------------
 
-def _prepare_kernels(keys: list[tuple[int, int, str, bool]], jobs: int,
+def _prepare_kernels(keys: list[tuple[Any, ...]], jobs: int,
                      bwd_keys: list[tuple[int, int, str, bool]] = ()) -> dict[str, Any]:
     """Build (or load from the cache) every kernel the bench needs, in parallel: the forward kernels
     of `keys`, the backward kernels of `bwd_keys`. Returns timings."""
@@ -191,7 +231,7 @@ print(json.dumps(r))
 """
 
 
-def _probe_compile(key: tuple[int, int, str, bool], cache_dir: str | None) -> dict[str, Any]:
+def _probe_compile(key: tuple[Any, ...], cache_dir: str | None) -> dict[str, Any]:
     """Time fa3gen.compile(spec) in a fresh process (so no in-process memo helps)."""
     env = dict(os.environ)
     if cache_dir is not None:  # a cold compile: empty cache, JIT allowed
@@ -325,13 +365,11 @@ def _run_case(args: argparse.Namespace, dev, dtype, d: int, s: int, b: int, h: i
                              "causal": causal, "flops": flops, "results": {}}
     if not args.no_check:
         print(f"check {name}: {_check(entry, outputs)}", flush=True)
-    for impl, fn in fns.items():
-        try:
-            ms = time_cuda_ms(fn, args.warmup, args.reps, args.min_rep_ms)
+    for impl, ms in time_cuda_ms_interleaved(fns, args.warmup, args.reps, args.min_rep_ms).items():
+        if isinstance(ms, Exception):
+            entry["results"][impl] = {"error": f"{type(ms).__name__}: {str(ms).splitlines()[0] if str(ms) else ''}"}
+        else:
             entry["results"][impl] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
-        except Exception as e:
-            entry["results"][impl] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-            torch.cuda.synchronize()
     res = entry["results"]
     tf = {k: r.get("tflops") for k, r in res.items()}
     best_peer = max((tf[p] for p in PEERS if tf.get(p) is not None), default=None)
@@ -369,14 +407,18 @@ def main(argv: list[str] | None = None) -> int:
         from fa3gen import ablation
 
         print(f"# fa3gen bench --ablation: {gpu}, torch {torch.__version__}", flush=True)
-        return ablation.run(args, lambda fn: time_cuda_ms(fn, args.warmup, args.reps, args.min_rep_ms))
+        return ablation.run(args, lambda fns: time_cuda_ms_interleaved(fns, args.warmup, args.reps, args.min_rep_ms))
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     hdims, seqlens = _int_list(args.hdim), _int_list(args.seqlens)
     causals = {"both": (False, True), "on": (True,), "off": (False,)}[args.causal]
     cases = bench_cases(hdims, seqlens, causals, args.total_tokens, args.hidden)
-    keys = sorted({(d, d, args.dtype, c) for d, _, _, _, c in cases})
-    bwd_keys = keys if "bwd" in args.passes else []
+    from fa3gen.registry import seqlen_bucket
+
+    # The forward kernel of each case: (d, dv, dtype, causal, no variants, its query-length bucket).
+    keys = sorted({(d, d, args.dtype, c, False, False, False, seqlen_bucket(d, c, s)) for d, s, _, _, c in cases},
+                  key=str)
+    bwd_keys = sorted({k[:4] for k in keys}) if "bwd" in args.passes else []
     result: dict[str, Any] = {
         "meta": {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda,
                  "cudnn": torch.backends.cudnn.version(), "dtype": args.dtype,
@@ -397,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"kernels: {len(keys) + len(bwd_keys)} specs ready in {comp['total_s']:.2f} s (parallel build "
               f"{comp.get('build_s', float('nan')):.2f} s, in-process load {comp['load_s']:.2f} s)", flush=True)
-    probe_key = (128, 128, args.dtype, False) if (128, 128, args.dtype, False) in keys else keys[0]
+    long_d128 = (128, 128, args.dtype, False, False, False, False, None)
+    probe_key = long_d128 if long_d128 in keys else keys[0]
     warm = _probe_compile(probe_key, None)
     comp["warm_load"] = warm
     print(f"warm load (fresh process, from cache): {json.dumps(warm)}", flush=True)

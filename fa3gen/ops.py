@@ -41,6 +41,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fa3gen.abi import BwdParams, FwdParams
+from fa3gen.registry import seqlen_bucket
 from fa3gen.variant_args import VariantArgs
 
 NO_VARIANT = VariantArgs()
@@ -277,10 +278,11 @@ def _compile_memoized(key: KernelKey, spec_fn: str, args: tuple[Any, ...]):
 
 
 def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
-                softcap: bool = False, alibi: bool = False):
+                softcap: bool = False, alibi: bool = False, seqlen_q: int | None = None):
     """The compiled forward kernel of the registry's default spec for these inputs and built-in
-    variants (memoized, thread-safe)."""
-    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi))
+    variants (memoized, thread-safe); seqlen_q picks the registry's tiles for that query length."""
+    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi),
+           seqlen_bucket(int(head_dim), bool(causal), seqlen_q))
     kern = _KERNELS.get(key)
     return kern if kern is not None else _compile_memoized(key, "default_spec", key)
 
@@ -393,7 +395,7 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
     """
     if kernel is None:  # the registry kernel for these inputs
         kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), variant.window,
-                             variant.softcap > 0, variant.alibi_slopes is not None)
+                             variant.softcap > 0, variant.alibi_slopes is not None, q.shape[1])
     _run_fwd(kernel, _make_params(q, k, v, out, lse, softmax_scale), variant, q, k, causal)
 
 

@@ -110,7 +110,8 @@ def test_registry_holds_the_bwd_specs():
         assert spec == KernelSpec(kind="bwd", head_dim=spec.head_dim, dtype=spec.dtype, causal=spec.causal)
         assert registry.resolve(name) is spec and registry.display_name(spec) == name
     fwd = [name for name, spec in REGISTRY.items() if spec.kind == "fwd"]
-    assert len(fwd) == 20 + 6 and all(name.startswith("fwd_") for name in fwd)  # 16-bit, and 6 e4m3
+    # 16-bit, 6 e4m3, and the query-length tiles of registry.SEQLEN_TILES (bf16 and fp16)
+    assert len(fwd) == 20 + 6 + 2 * len(registry.SEQLEN_TILES) and all(name.startswith("fwd_") for name in fwd)
     assert REGISTRY[registry.REPRESENTATIVE].kind == "fwd"
 
 
@@ -784,8 +785,10 @@ def test_bench_bwd_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_ops):
     text = capsys.readouterr().out
     assert rc == 0, text
     assert sorted((s.kind, s.head_dim) for s in built) == [("bwd", 64), ("bwd", 256), ("fwd", 64), ("fwd", 256)]
-    assert sorted(loaded) == [("bwd", 64, 64, "bf16", True), ("bwd", 256, 256, "bf16", True),
-                              ("fwd", 64, 64, "bf16", True), ("fwd", 256, 256, "bf16", True)]
+    # The forward keys carry the query-length bucket: 32 rows take the short tiles of hdim 64 and 256.
+    assert sorted(loaded, key=str) == [("bwd", 256, 256, "bf16", True), ("bwd", 64, 64, "bf16", True),
+                                       ("fwd", 256, 256, "bf16", True, False, False, False, "short"),
+                                       ("fwd", 64, 64, "bf16", True, False, False, False, "short")]
     assert "| d64 s32 b2 h4 causal bwd |" in text and "| d64 s32 b2 h4 causal fwd |" in text
     assert "| d256 s32 b2 h1 causal bwd |" in text
     res = json.loads(out_json.read_text())

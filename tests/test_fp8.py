@@ -118,7 +118,7 @@ def test_e4m3_spec_defaults(d):
     assert spec.head_dim_v == d and spec.num_consumer_warpgroups == 2
     assert spec.epilogue == "tma"  # its O staging buffer fits for every head dim
     # 1 byte per fp8 element of Q, K, V; the O staging tile is 16-bit (2 bytes per element).
-    expected = bm * d + spec.stages * bn * 2 * d + bm * d * 2 + 1024
+    expected = spec.q_buffers * bm * d + spec.stages * bn * 2 * d + bm * d * 2 + 1024
     assert spec.smem_bytes == expected <= SMEM_BUDGET_BYTES
     assert f"_d{d}_e4m3_obf16" in spec.name
     # None fills out_dtype: the explicit and the implicit spec are the same kernel.

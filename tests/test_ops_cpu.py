@@ -290,7 +290,8 @@ class _Recorder:
 
 
 def test_kernel_selection_memo_and_params(monkeypatch):
-    """_launch picks default_spec(d, dv, dtype, causal), compiles once, fills FwdParams."""
+    """_launch picks default_spec(d, dv, dtype, causal, ..., seqlen_q bucket), compiles once per
+    bucket, fills FwdParams."""
     import fa3gen
 
     rec = _Recorder()
@@ -309,7 +310,8 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     lse = torch.empty(2, 4, 9)
     for _ in range(2):
         ops._launch(q, k, v, out, lse, 0.3, True)
-    assert rec.specs == [("spec", 64, 64, "bf16", True, False, False, False)]
+    # 9 query rows: hdim 64 causal takes the short-sequence tiles (registry.SEQLEN_TILES).
+    assert rec.specs == [("spec", 64, 64, "bf16", True, False, False, False, "short")]
     p, stream = rec.params[-1]
     assert stream == 1234
     assert (p.q, p.k, p.v, p.o, p.lse) == (q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -320,6 +322,10 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     assert (p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv) == (2, 9, 9, 4, 2)
     assert p.softmax_scale == pytest.approx(0.3)
     assert p.workspace  # a pointer to the scratch the kernel asked for
+    long_q = torch.randn(1, 3000, 4, 64, dtype=torch.bfloat16)
+    ops._launch(long_q, long_q[:, :, :2], long_q[:, :, :2], torch.empty_like(long_q), torch.empty(1, 4, 3000),
+                0.3, True)
+    assert rec.specs[-1] == ("spec", 64, 64, "bf16", True, False, False, False, None)  # the default tiles
 
 
 def _fake_cuda_device(monkeypatch):
@@ -569,3 +575,31 @@ def test_eager_calls_skip_the_op_dispatch_but_graphs_and_autograd_keep_it():
     with FakeTensorMode() as mode:
         fq = mode.from_tensor(q)
         assert not ops._eager_fast_path(fq, fq, fq, None)
+
+
+def test_interleaved_timer_rotates_and_reports_failures(monkeypatch):
+    """Every round runs each implementation once, starting one later each round, so none always
+    runs first (the H200's clocks drift over a run); one that raises gets its exception."""
+    import time
+
+    from fa3gen.bench import time_cuda_ms_interleaved
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    calls: list[str] = []
+
+    def timed(name: str, seconds: float):
+        def run():
+            calls.append(name)
+            time.sleep(seconds)
+        return run
+
+    def broken():
+        raise RuntimeError("no kernel")
+
+    ms = time_cuda_ms_interleaved({"a": timed("a", 0.002), "bad": broken, "b": timed("b", 0.004)},
+                                  warmup=1, reps=4, min_rep_ms=1.0)
+    assert list(ms) == ["a", "bad", "b"] and isinstance(ms["bad"], RuntimeError)
+    assert 1.5 < ms["a"] < ms["b"] < 10
+    rounds = calls[4:]  # after the warm-up and calibration calls (two each)
+    assert rounds == ["a", "b", "b", "a", "a", "b", "b", "a"]

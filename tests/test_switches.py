@@ -51,3 +51,59 @@ def test_epilogue_switch_renders_its_store(head_dim):
             KernelSpec(head_dim=head_dim, epilogue="tma")
     else:
         assert "tma_store_arrive();" in render(spec)
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_q_buffers_two_where_they_fit(head_dim):
+    """Two Q tiles by default where they fit beside K, V and the O staging tile: the producer then
+    loads the next tile's Q first, while this tile still reads its own."""
+    spec = KernelSpec(head_dim=head_dim)
+    assert spec.q_buffers == (2 if head_dim <= 128 else 1)  # d192/d256: one Q tile already fills the SM
+    src = render(spec)
+    assert f"constexpr int kQBuffers = {spec.q_buffers};" in src
+    assert ("// Q first:" in src) == (spec.q_buffers == 2)
+    assert "_q2" in spec.name if spec.q_buffers == 2 else "_q2" not in spec.name
+    one = KernelSpec(head_dim=head_dim, q_buffers=1)
+    assert one.smem_bytes == spec.smem_bytes - (spec.q_buffers - 1) * spec.block_m * head_dim * 2
+    assert "// Q first:" not in render(one)
+    if spec.q_buffers == 1:
+        with pytest.raises(ValidationError, match="lower block_n, block_m, stages or q_buffers"):
+            KernelSpec(head_dim=head_dim, q_buffers=2)
+
+
+@pytest.mark.parametrize("q_buffers", [0, 3])
+def test_q_buffers_out_of_range(q_buffers):
+    with pytest.raises(ValidationError, match=f"q_buffers={q_buffers} must be 1 or 2"):
+        KernelSpec(head_dim=128, q_buffers=q_buffers)
+
+
+def test_q_buffers_is_forward_only():
+    assert KernelSpec(head_dim=128, kind="bwd").q_buffers == 1
+    with pytest.raises(ValidationError, match="q_buffers apply to forward kernels only"):
+        KernelSpec(head_dim=128, kind="bwd", q_buffers=2)
+
+
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (128, True), (96, False)])
+def test_inter_tile_overlap_renders_the_chained_loop(head_dim, causal):
+    """The next tile's first Q·Kᵀ is issued beside this tile's last P·V, before the epilogue."""
+    spec = KernelSpec(head_dim=head_dim, causal=causal, inter_tile_overlap=True)
+    src = render(spec)
+    assert "_it" in spec.name
+    consumer = src[src.index("void consume("):]
+    chained = consumer.index("softmax_next.update(")
+    assert consumer.index("mma_pv, p_operand", consumer.index("pipeline_v.consumer_wait(read_v);\n", chained - 2000)) \
+        < chained < consumer.index("softmax.finish(")
+    assert ("handoff.receive()" in consumer) == causal  # lpt hands tiles over, static strides
+    assert "softmax_next" not in render(KernelSpec(head_dim=head_dim, causal=causal, inter_tile_overlap=False))
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"intra_wg_overlap": False}, "intra_wg_overlap=True"),
+    ({"scheduler": "grid"}, "a persistent scheduler"),
+    ({"q_buffers": 1}, "q_buffers=2"),
+    ({"pingpong": True}, "pingpong=False"),
+    ({"dtype": "e4m3"}, "a 16-bit dtype"),
+])
+def test_inter_tile_overlap_needs(fields, expected):
+    with pytest.raises(ValidationError, match=f"inter_tile_overlap needs .*{expected}"):
+        KernelSpec(head_dim=128, inter_tile_overlap=True, **fields)

@@ -189,11 +189,14 @@ def check_against_reference(q, k, v, scale, causal, dt_name):
 
 @pytest.fixture(scope="module", autouse=True)
 def _prebuilt_kernels():
-    """Build (or load) every registry kernel once, in parallel, before the grid."""
+    """Build (or load) every registry kernel once, in parallel, before the grid (with the
+    query-length ones of registry.SEQLEN_TILES)."""
     import fa3gen
     from gpu_checks import prebuild
 
-    prebuild([fa3gen.default_spec(d, dv, dt, c) for (d, dv) in DIMS for dt in DTYPES for c in (False, True)])
+    prebuild(list({fa3gen.default_spec(d, dv, dt, c, seqlen_q=bucket) for (d, dv) in DIMS for dt in DTYPES
+                   for c in (False, True) for bucket in (None, "short", "long")
+                   if bucket is None or fa3gen.registry.seqlen_bucket(d, c, 1 if bucket == "short" else 10**9) == bucket}))
 
 
 @pytest.mark.parametrize("d, dv, dt, causal, sq, sk, b, hq, hkv, layout, seed", _grid())
@@ -211,6 +214,25 @@ def test_fwd_large_many_tiles(dt, causal):
     gen = torch.Generator(device="cuda").manual_seed(7)
     q, k, v = make_inputs(2, 4096, 4096, 16, 4, 128, 128, DTYPES[dt], "contiguous", gen)
     check_against_reference(q, k, v, 1 / math.sqrt(128), causal, dt)
+
+
+@pytest.mark.parametrize("d, causal", sorted(__import__("fa3gen").registry.SEQLEN_TILES))
+def test_fwd_short_and_long_queries_pick_their_tiles(d, causal):
+    """Query lengths at and past a registry limit (SEQLEN_TILES) run the tiles of their bucket,
+    through flash_attn_func; both against float64, with several tiles per CTA."""
+    import fa3gen
+    from fa3gen.registry import SEQLEN_TILES
+
+    limit = SEQLEN_TILES[(d, causal)][0]
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for sq in (limit, limit + 1):
+        spec = fa3gen.default_spec(d, d, "bf16", causal, seqlen_q=sq)
+        fields = SEQLEN_TILES[(d, causal)][1 if sq <= limit else 2]
+        assert all(getattr(spec, f) == value for f, value in fields.items())
+        q, k, v = make_inputs(8, sq, 1500, 2048 // d, 4, d, d, torch.bfloat16, "contiguous", gen)
+        check_against_reference(q, k, v, 1 / math.sqrt(d), causal, "bf16")
+        bucket = fa3gen.registry.seqlen_bucket(d, causal, sq)
+        assert ops._KERNELS[(d, d, "bf16", causal, False, False, False, bucket)].spec == spec
 
 
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])

@@ -36,9 +36,16 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, epilogue="direct"),
     fa3gen.KernelSpec(head_dim=128, causal=True, epilogue="direct"),
     fa3gen.KernelSpec(head_dim=128, causal=True, pingpong=True, dtype="fp16"),
+    fa3gen.KernelSpec(head_dim=128, q_buffers=1),
+    fa3gen.KernelSpec(head_dim=128, causal=True, q_buffers=1),
+    fa3gen.KernelSpec(head_dim=128, inter_tile_overlap=True),
+    fa3gen.KernelSpec(head_dim=128, causal=True, inter_tile_overlap=True),
+    fa3gen.KernelSpec(head_dim=64, causal=True, block_m=128, inter_tile_overlap=True, dtype="fp16"),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
-SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (3, 1, 2049, 2, 1), (4, 512, 512, 16, 16)]
+# The last shape has ~8 tiles per CTA: Q buffers wrap around, and tiles chain into each other.
+SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (3, 1, 2049, 2, 1), (4, 512, 512, 16, 16),
+          (8, 1000, 1000, 16, 4)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,8 +59,8 @@ def test_switch_combination_matches_reference(spec):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(spec.name.encode()))
     for b, sq, sk, hq, hkv in SHAPES:
-        q = torch.randn(b, sq, hq, 128, device="cuda", dtype=dtype, generator=gen)
-        kv = torch.randn(b, sk, 2, hkv, 128, device="cuda", dtype=dtype, generator=gen)
+        q = torch.randn(b, sq, hq, spec.head_dim, device="cuda", dtype=dtype, generator=gen)
+        kv = torch.randn(b, sk, 2, hkv, spec.head_dim, device="cuda", dtype=dtype, generator=gen)
         k, v = kv[:, :, 0], kv[:, :, 1]
         check_poisoned_launch(q, k, v, spec.causal, kernel, VariantArgs(),
                               tol=8e-3 if dtype == torch.bfloat16 else 1e-3, lse_tol=1e-3)

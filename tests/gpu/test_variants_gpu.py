@@ -77,6 +77,18 @@ def window_spec(dt: str, causal: bool) -> fa3gen.KernelSpec:
     return fa3gen.default_spec(128, 128, dt, causal, window=True)
 
 
+# The serial mainloop (no intra-warpgroup overlap) under a window: its key blocks start past 0.
+SERIAL_WINDOW_SPEC = fa3gen.KernelSpec(head_dim=128, window=True, causal=True, intra_wg_overlap=False)
+
+
+@pytest.mark.parametrize("window", [(256, 0), (100, 50), (0, 0)])
+def test_sliding_window_serial_mainloop(window):
+    kernel = fa3gen.compile(SERIAL_WINDOW_SPEC)
+    for i, (b, sq, sk, hq, hkv) in enumerate(SHAPES):
+        q, k, v = inputs(b, sq, sk, hq, hkv, 128, torch.bfloat16, seed=20 + i)
+        check(q, k, v, True, kernel, VariantArgs(window), TOLERANCE["bf16"], window_size=window)
+
+
 def t5_spec(dt: str) -> fa3gen.KernelSpec:
     return fa3gen.KernelSpec(
         head_dim=128, dtype=dt,
@@ -101,7 +113,7 @@ SPECS = (
     + [fa3gen.default_spec(d, d, dt, causal, softcap=True) for d, dt, causal in SOFTCAP_CASES]
     + [fa3gen.default_spec(d, d, dt, causal, alibi=True) for d, dt, causal in ALIBI_CASES]
     + [fa3gen.default_spec(128, 128, "bf16", True, window=True, softcap=True, alibi=True), t5_spec("bf16"),
-       documents_spec("fp16")]
+       documents_spec("fp16"), SERIAL_WINDOW_SPEC]
 )
 
 

@@ -1,0 +1,74 @@
+"""Times forward specs side by side with cuDNN and FA2 (torch SDPA), one process, the FA3 setup.
+
+For each (dtype, head_dim, causal) group of the given specs and each seqlen (16k tokens, hidden
+2048), every spec's kernel and both peers run on the same inputs with the bench's CUDA-event
+timer, interleaved (median of rounds that each run every implementation once, in rotated
+order); each kernel's output is checked against cuDNN's first. A quick way to choose
+between tiles or switches by measurement.
+
+Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] SPEC_JSON [SPEC_JSON ...]
+       python scripts/compare_specs.py @specs.jsonl   # one spec JSON per line
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from itertools import groupby
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fa3gen  # noqa: E402
+from fa3gen.bench import _fwd_fns, attn_fwd_flops, time_cuda_ms_interleaved  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5, reps: int = 20) -> int:
+    failures = 0
+    key = lambda s: (s.dtype, s.head_dim, s.causal)  # noqa: E731
+    for (dt, d, causal), group in groupby(sorted(specs, key=key), key=key):
+        group = list(group)
+        kernels = [fa3gen.compile(s) for s in group]
+        names = [s.name for s in group]
+        print(f"\n### {dt} d{d} {'causal' if causal else 'full'} (TFLOP/s; ratio to the best peer)")
+        print("| seqlen | cuDNN | FA2 | " + " | ".join(names) + " |")
+        print("|---" * (3 + len(names)) + "|")
+        for s in seqlens:
+            b, h = max(1, 16384 // s), 2048 // d
+            gen = torch.Generator(device="cuda").manual_seed(s + d)
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dt], generator=gen) for _ in range(3))
+            scale = 1 / math.sqrt(d)
+            peers, _ = _fwd_fns(q, k, v, scale, causal)
+            ref = peers["cudnn"]().transpose(1, 2)
+            flops = attn_fwd_flops(b, h, s, s, d, causal)
+            fns = {"cudnn": peers["cudnn"], "flash": peers["flash"]}
+            for kernel in kernels:
+                fn = lambda kernel=kernel: kernel(q, k, v, softmax_scale=scale)  # noqa: E731
+                diff = float((fn().float() - ref.float()).abs().max())
+                if diff > (2e-2 if dt == "bf16" else 4e-3) * 4:
+                    failures += 1
+                    print(f"MISMATCH {kernel.spec.name} s{s}: max abs diff vs cuDNN {diff:.1e}", flush=True)
+                fns[kernel.spec.name] = fn
+            ms = time_cuda_ms_interleaved(fns, warmup, reps, 2.0)
+            tflops = {name: flops / t / 1e9 for name, t in ms.items()}
+            best = max(tflops["cudnn"], tflops["flash"])
+            cells = [f"{tflops[name]:.1f} ({tflops[name] / best:.2f}x)" for name in names]
+            print(f"| {s} | {tflops['cudnn']:.1f} | {tflops['flash']:.1f} | " + " | ".join(cells) + " |", flush=True)
+    return 1 if failures else 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
+    parser.add_argument("--seqlens", default="512,1024,2048,4096,16384")
+    parser.add_argument("specs", nargs="+", help="spec JSON")
+    args = parser.parse_args(argv)
+    specs = [fa3gen.KernelSpec.from_json(s) for s in args.specs]
+    return compare(specs, [int(x) for x in args.seqlens.split(",")])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
