@@ -23,15 +23,16 @@ def variants(dtype: str = "bf16") -> dict[str, KernelSpec | None]:
         return KernelSpec(head_dim=SHAPE["head_dim"], dtype=dtype, **switches)
 
     return {
-        "default (intra-warpgroup and inter-tile overlap, persistent static, TMA-store epilogue)": spec(),
+        "default (intra-warpgroup and inter-tile overlap, pingpong, persistent static, TMA-store epilogue)": spec(),
+        "no pingpong": spec(pingpong=False),
         "no inter-tile overlap": spec(inter_tile_overlap=False),
-        "+ pingpong (no inter-tile overlap)": spec(pingpong=True),
-        "no intra-warpgroup overlap": spec(intra_wg_overlap=False),
-        "no overlap, + pingpong": spec(intra_wg_overlap=False, pingpong=True),
-        "one CTA per tile (no persistence)": spec(scheduler="grid"),
+        "no inter-tile overlap, no pingpong": spec(inter_tile_overlap=False, pingpong=False),
+        "no intra-warpgroup overlap (so no inter-tile overlap; pingpong off)": spec(intra_wg_overlap=False),
+        "no intra-warpgroup overlap, + pingpong": spec(intra_wg_overlap=False, pingpong=True),
+        "one CTA per tile (no persistence, so no inter-tile overlap)": spec(scheduler="grid"),
         "dynamic lpt scheduler instead of static": spec(scheduler="lpt"),
         "O stored from registers (no TMA-store epilogue)": spec(epilogue="direct"),
-        "one Q buffer (no inter-tile overlap)": spec(q_buffers=1),
+        "one Q buffer (so no inter-tile overlap)": spec(q_buffers=1),
         # Every fa3gen kernel has a TMA producer warpgroup: there is no spec without it.
         "no warp specialization": None,
     }

@@ -79,12 +79,18 @@ FP8_TILES = {64: (128, 192), 128: (128, 192), 192: (128, 128), 256: (128, 128)}
 WGMMA_K_FP8 = 32
 
 
-# Inter-tile overlap by default wherever a spec allows it (16-bit, two Q buffers, no pingpong):
-# measured on the H200 (2026-11-30, bf16, 16k tokens, interleaved timing, same process) against
-# the same tiles without it: hdim 128 s512 438 -> 456 TFLOP/s, s1k 506 -> 539, causal s2k 452 ->
-# 472, s4k 514 -> 544; hdim 64 s512 302 -> 324, s1k 337 -> 368; hdim 96 causal s512 189 -> 211;
-# 16k within +-3%.
+# Inter-tile overlap by default wherever a spec allows it (two Q buffers, intra-warpgroup
+# overlap, a persistent scheduler): measured on the H200 (2026-11-30, bf16, 16k tokens,
+# interleaved timing, same process) against the same tiles without it: hdim 128 s512 438 -> 456
+# TFLOP/s, s1k 506 -> 539, causal s2k 452 -> 472, s4k 514 -> 544; hdim 64 s512 302 -> 324, s1k
+# 337 -> 368; hdim 96 causal s512 189 -> 211; 16k within +-3%. fp8 hdim 128 (with pingpong, scale
+# blocks of 768 rows): s4k 674 -> 744, s16k 725 -> 784, causal +3%.
 INTER_TILE_OVERLAP_DEFAULT = True
+# With the tiles chained, pingpong pays for 16-bit kernels too (it did not on its own): measured
+# as above, chained tiles with vs without pingpong: hdim 128 s512 456 -> 475, s4k 588 -> 615,
+# causal s512 292 -> 304; hdim 64 (128-row tiles) causal s512 191 -> 208, s1k 270 -> 296; 16k
+# within +-1%. Specs with variants keep it off (their per-element code was not measured with it).
+PINGPONG_DEFAULT = True
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 _PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", "window", "softcap", "alibi",
@@ -156,13 +162,15 @@ class KernelSpec(BaseModel):
     # K, V and the epilogue's buffer, else 1.
     q_buffers: int | None = None
     num_consumer_warpgroups: int | None = None
-    pingpong: bool = False
+    # Consumer warpgroups take turns issuing their GEMMs (named barriers). None: on for fp8 with two
+    # consumer warpgroups, and for 16-bit ones that chain tiles (PINGPONG_DEFAULT).
+    pingpong: bool | None = None
     # On by default: measured on the H200 (2026-11-29, bf16, 16k tokens) it lifts hdim 128 at 8k from
     # 574 to 614 TFLOP/s and helps every head dim; pingpong alone did not pay (549).
     intra_wg_overlap: bool = True
     # Inter-tile overlap: a tile's last P·V runs beside the next tile's first Q·Kᵀ, whose softmax
     # runs before this tile's epilogue, so short tiles do not leave the tensor cores idle at their
-    # ends. Needs intra_wg_overlap, a persistent scheduler and two Q buffers; 16-bit, no pingpong.
+    # ends. Needs intra_wg_overlap, a persistent scheduler and two Q buffers.
     # None: on wherever those hold (INTER_TILE_OVERLAP_DEFAULT).
     inter_tile_overlap: bool | None = None
     # How tiles map to CTAs: "grid" one CTA per tile; "static" a persistent grid (one CTA per SM)
@@ -244,8 +252,6 @@ class KernelSpec(BaseModel):
                 data["block_m"] = WGMMA_M * nwg if isinstance(nwg, int) else bm
             if data.get("block_n") is None:
                 data["block_n"] = bn
-            if fp8 and "pingpong" not in data and data.get("block_m") == 2 * WGMMA_M:
-                data["pingpong"] = True  # FP8_TILES: the fp8 kernels' schedule, where two warpgroups allow it
         if data.get("stages") is None:
             data["stages"] = 2
         if data.get("scheduler") is None:
@@ -260,11 +266,16 @@ class KernelSpec(BaseModel):
                 and all(isinstance(x, int) for x in sizes) and data.get("epilogue") in ("tma", "direct"):
             two = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], data["epilogue"], 2)
             data["q_buffers"] = 2 if two <= SMEM_BUDGET_BYTES else 1
+        chained = data.get("kind", "fwd") == "fwd" and data.get("q_buffers") == 2 \
+            and data.get("intra_wg_overlap", True) is True and data.get("scheduler") != "grid"
         if data.get("inter_tile_overlap") is None:
-            data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and data.get("kind", "fwd") == "fwd" \
-                and data.get("q_buffers") == 2 and data.get("intra_wg_overlap", True) is True \
-                and not data.get("pingpong", False) and data.get("scheduler") != "grid" \
-                and data.get("dtype", "bf16") != "e4m3"
+            data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and chained
+        if data.get("pingpong") is None:
+            # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
+            # without variants (PINGPONG_DEFAULT).
+            variants = any(data.get(f) for f in ("window", "softcap", "alibi", "score_mod", "mask_mod"))
+            data["pingpong"] = data.get("num_consumer_warpgroups") == 2 and (
+                data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not variants))
         return data
 
     @classmethod
@@ -279,7 +290,7 @@ class KernelSpec(BaseModel):
             wide = isinstance(d, int) and d > BWD_MAX_KEYS_SPLIT_HEAD_DIM
             data["block_n"] = WGMMA_M if wide else WGMMA_M * (nwg if isinstance(nwg, int) else 2)
         for field, default in (("block_m", BWD_BLOCK_M), ("intra_wg_overlap", False), ("q_buffers", 1),
-                               ("inter_tile_overlap", False),
+                               ("inter_tile_overlap", False), ("pingpong", False),
                                ("scheduler", "grid"), ("epilogue", "direct")):
             if data.get(field) is None:
                 data[field] = default
@@ -311,9 +322,7 @@ class KernelSpec(BaseModel):
         missing = [need for need, ok in (("intra_wg_overlap=True", self.intra_wg_overlap),
                                          ("a persistent scheduler ('static' or 'lpt')", self.scheduler != "grid"),
                                          ("q_buffers=2 (the next tile's Q loads while this tile runs)",
-                                          self.q_buffers == 2),
-                                         ("pingpong=False", not self.pingpong),
-                                         ("a 16-bit dtype", not self.is_fp8)) if not ok]
+                                          self.q_buffers == 2)) if not ok]
         if missing:
             raise ValueError(f"inter_tile_overlap needs {', '.join(missing)}")
 

@@ -4,7 +4,8 @@ FA3 setup: 16k tokens (batch = 16384 / seqlen), hidden 2048 (nheads = 2048 / hea
 each case: fa3gen's e4m3 kernel on prepared inputs (per-block scales, Hadamard applied
 beforehand, as a model would keep them; also per-(batch, head) scales), fa3gen's bf16 kernel and torch SDPA's cuDNN backend
 on the bf16 inputs; plus a torch._scaled_mm e4m3 8192³ GEMM and a bf16 8192³ matmul, and the
-cost of the input preparation (v_kernel_layout alone, and all of fa3gen.fp8.prepare).
+cost of the input preparation (v_kernel_layout alone, and all of fa3gen.fp8.prepare). The
+attention implementations of a case are timed interleaved (fa3gen.bench.time_cuda_ms_interleaved).
 
 Usage: python scripts/bench_fp8.py [--hdim 64,128,256] [--seqlens 4096,16384] [--json out.json]
                                   [--tiles]   # also time the alternative tiles in TILE_CANDIDATES
@@ -26,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import fa3gen  # noqa: E402
 from fa3gen import fp8, fp8_ops  # noqa: E402
-from fa3gen.bench import attn_fwd_flops, matmul_bf16_tflops, time_cuda_ms  # noqa: E402
+from fa3gen.bench import attn_fwd_flops, matmul_bf16_tflops, time_cuda_ms, time_cuda_ms_interleaved  # noqa: E402
 from fa3gen.ops import flash_attn_func  # noqa: E402
 
 
@@ -40,9 +41,14 @@ TILE_CANDIDATES = {
 CAUSAL_CANDIDATES = [dict(pingpong=False)]
 
 
-def tile_specs(d: int, causal: bool) -> list[fa3gen.KernelSpec]:
+def candidate_specs(d: int, causal: bool, tiles: bool, extra: tuple[dict, ...] = ()) -> list[fa3gen.KernelSpec]:
+    """The specs timed beside the default on one case: TILE_CANDIDATES / CAUSAL_CANDIDATES (with
+    --tiles) and the --spec field sets of this head dim and mask."""
+    field_sets = list(CAUSAL_CANDIDATES if causal else TILE_CANDIDATES.get(d, [])) if tiles else []
+    field_sets += [{k: v for k, v in f.items() if k not in ("head_dim", "causal", "dtype")} for f in extra
+                   if f.get("head_dim") == d and bool(f.get("causal", False)) == causal]
     out = []
-    for fields in (CAUSAL_CANDIDATES if causal else TILE_CANDIDATES.get(d, [])):
+    for fields in field_sets:
         try:
             out.append(fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **fields))
         except ValueError as e:  # a tile that does not fit is reported, not timed
@@ -66,7 +72,7 @@ def gemm_ceilings() -> dict[str, float]:
     return {"scaled_mm_fp8": 2 * n**3 / ms_fp8 / 1e9, "matmul_bf16": matmul_bf16_tflops("cuda", *TIMING)}
 
 
-def run_case(d: int, s: int, causal: bool, tiles: bool) -> dict:
+def run_case(d: int, s: int, causal: bool, tiles: bool, extra: tuple[dict, ...] = ()) -> dict:
     b, h = 16384 // s, 2048 // d
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
@@ -83,27 +89,36 @@ def run_case(d: int, s: int, causal: bool, tiles: bool) -> dict:
     ref = flash_attn_func(q, k, v, scale, causal)
     rel = float((out8.float() - ref.float()).norm() / ref.float().norm())
     v8 = fp8.quantize_e4m3(v, "block").data  # fp8 V as (b, s, h, d): what v_kernel_layout converts
-    ms = {
-        "fp8": timed(lambda: fp8_ops.flash_attn_fp8_func(inputs, scale, causal)),
-        "bf16": timed(lambda: flash_attn_func(q, k, v, scale, causal)),
-        "cudnn_bf16": timed(cudnn),
-        "v_kernel_layout": timed(lambda: fp8.v_kernel_layout(v8)),
-        "prepare": timed(lambda: fp8.prepare(q, k, v, "block", hadamard=True)),
+    # The attention implementations run interleaved (rotated rounds), so none gets the GPU's
+    # early clocks; the conversions are timed on their own.
+    fns = {
+        "fp8": lambda: fp8_ops.flash_attn_fp8_func(inputs, scale, causal),
+        "bf16": lambda: flash_attn_func(q, k, v, scale, causal),
+        "cudnn_bf16": cudnn,
     }
     per_head = fp8.prepare(q, k, v, "head", hadamard=True)  # K's factor folds into the softmax scale
-    ms["fp8 per-(batch, head) scales"] = timed(lambda: fp8_ops.flash_attn_fp8_func(per_head, scale, causal))
-    if tiles:
+    fns["fp8 per-(batch, head) scales"] = lambda: fp8_ops.flash_attn_fp8_func(per_head, scale, causal)
+    candidates = candidate_specs(d, causal, tiles, extra)
+    if candidates:
         # Scale blocks of 768 rows cover whole tiles of every candidate (128, 192, 256, 64, 96 rows).
-        inputs = fp8.prepare(q, k, v, "block", 768, hadamard=True)
-        ms["fp8 default, 768-row scale blocks"] = timed(lambda: fp8_ops.flash_attn_fp8_func(inputs, scale, causal))
-        for spec in tile_specs(d, causal):
+        blocks768 = fp8.prepare(q, k, v, "block", 768, hadamard=True)
+        fns["fp8 default, 768-row scale blocks"] = lambda: fp8_ops.flash_attn_fp8_func(blocks768, scale, causal)
+        for spec in candidates:
             try:
                 kernel = fa3gen.compile(spec)
             except Exception as e:  # noqa: BLE001 - not prebuilt: reported, the rest still runs
                 print(f"{spec.name}: {type(e).__name__}: {str(e).splitlines()[0]}")
                 continue
-            fp8_ops.flash_attn_fp8_func(inputs, scale, causal, kernel=kernel)
-            ms[f"fp8 {spec.name}"] = timed(lambda: fp8_ops.flash_attn_fp8_func(inputs, scale, causal, kernel=kernel))
+            fns[f"fp8 {spec.name}"] = lambda kernel=kernel: fp8_ops.flash_attn_fp8_func(blocks768, scale, causal,
+                                                                                         kernel=kernel)
+    ms = {}
+    for name, t in time_cuda_ms_interleaved(fns, *TIMING).items():
+        if isinstance(t, Exception):
+            print(f"{name}: {type(t).__name__}: {str(t).splitlines()[0] if str(t) else ''}")
+        else:
+            ms[name] = t
+    ms["v_kernel_layout"] = timed(lambda: fp8.v_kernel_layout(v8))
+    ms["prepare"] = timed(lambda: fp8.prepare(q, k, v, "block", hadamard=True))
     tf = {name: flops / t / 1e9 for name, t in ms.items() if name.startswith(("fp8", "bf16", "cudnn_bf16"))}
     for name, value in tf.items():
         if name.startswith("fp8 "):
@@ -118,6 +133,8 @@ def main() -> int:
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--json")
     ap.add_argument("--tiles", action="store_true", help="also time the tiles in TILE_CANDIDATES")
+    ap.add_argument("--spec", action="append", default=[],
+                    help="also time this e4m3 spec (JSON fields) on the cases of its head_dim and causal")
     args = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__}")
     ceil = gemm_ceilings()
@@ -128,7 +145,7 @@ def main() -> int:
     for d in (int(x) for x in args.hdim.split(",")):
         for s in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
-                r = run_case(d, s, causal, args.tiles)
+                r = run_case(d, s, causal, args.tiles, tuple(json.loads(x) for x in args.spec))
                 rows.append(r)
                 tf, ms = r["tflops"], r["ms"]
                 print(f"| d{d} s{s} b{r['batch']} h{r['nheads']}{' causal' if causal else ''} | {tf['fp8']:.1f} | "

@@ -608,7 +608,9 @@ def test_kernel_layout_v_is_dequantized_through_the_inputs() -> None:
 def test_e4m3_pingpong_default_only_with_two_consumer_warpgroups() -> None:
     assert not KernelSpec(head_dim=64, dtype="e4m3", block_m=192).pingpong  # three warpgroups: no pingpong
     assert not KernelSpec(head_dim=128, dtype="e4m3", pingpong=False).pingpong  # an explicit choice stays
-    assert not KernelSpec(head_dim=128).pingpong  # the 16-bit default is unchanged
+    # 16-bit: pingpong comes with the chained tiles (PINGPONG_DEFAULT), not with variants
+    assert KernelSpec(head_dim=128).pingpong and not KernelSpec(head_dim=128, window=True).pingpong
+    assert not KernelSpec(head_dim=128, q_buffers=1).pingpong
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

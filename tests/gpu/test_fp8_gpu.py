@@ -41,6 +41,10 @@ SPECS = [fa3gen.registry.default_fp8_spec(128, 128, "fp16", False),
          fa3gen.registry.default_fp8_spec(128, 128, "bf16", True, window=True),
          fa3gen.registry.default_fp8_spec(192, 192, "bf16", False),
          fa3gen.registry.default_fp8_spec(192, 192, "bf16", True)]
+# Chained tiles (inter-tile overlap, with the default pingpong): per-tile descales carried over.
+INTER_TILE_SPECS = [fa3gen.KernelSpec(head_dim=128, dtype="e4m3", causal=c, inter_tile_overlap=True)
+                    for c in (False, True)]
+SPECS += INTER_TILE_SPECS
 
 
 def ramped(b, s, h, d, seed):
@@ -64,8 +68,8 @@ def run_poisoned(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1), kern
     return out, lse
 
 
-def check(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1)):
-    out, lse = run_poisoned(inputs, causal, out_dtype, window)
+def check(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1), kernel=None):
+    out, lse = run_poisoned(inputs, causal, out_dtype, window, kernel)
     q, k, v = inputs.dequantized()
     ref, ref_lse = attention_reference(q, k, v, 1 / math.sqrt(q.shape[-1]), causal, window_size=window)
     what = f"q {tuple(q.shape)} k {tuple(k.shape)} causal={causal}"
@@ -83,6 +87,16 @@ def test_fp8_matches_dequantized_reference(head_dim, causal, granularity):
         q, k, v = (ramped(b, s, h, head_dim, 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
         inputs = fp8.prepare(q, k, v, granularity, hadamard=(i % 2 == 0), seed=i)  # scale blocks: one tile
         check(inputs, causal)
+
+
+@pytest.mark.parametrize("spec", INTER_TILE_SPECS, ids=lambda s: s.name)
+def test_fp8_inter_tile_overlap(spec):
+    """~8 tiles per CTA chained into each other, per-tile scales of Q, K and V (a magnitude ramp, so
+    neighbouring tiles' factors differ), GQA, ragged and sq != sk."""
+    kernel = fa3gen.compile(spec)
+    for i, (b, sq, sk, hq, hkv) in enumerate([(8, 1000, 1000, 16, 4), (2, 1000, 113, 8, 2), (3, 300, 2049, 4, 4)]):
+        q, k, v = (ramped(b, s, h, 128, 50 + 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
+        check(fp8.prepare(q, k, v, "block", hadamard=True, seed=i), spec.causal, kernel=kernel)
 
 
 def test_fp8_fp16_output_and_window():

@@ -41,6 +41,7 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, inter_tile_overlap=True),
     fa3gen.KernelSpec(head_dim=128, causal=True, inter_tile_overlap=True),
     fa3gen.KernelSpec(head_dim=64, causal=True, block_m=128, inter_tile_overlap=True, dtype="fp16"),
+    fa3gen.KernelSpec(head_dim=128, causal=True, pingpong=True, inter_tile_overlap=True),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 # The last shape has ~8 tiles per CTA: Q buffers wrap around, and tiles chain into each other.
