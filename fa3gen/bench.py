@@ -108,28 +108,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def time_cuda_ms(fn: Callable[[], Any], warmup: int, reps: int, min_rep_ms: float) -> float:
     """Median milliseconds per call of fn, CUDA events around batches of back-to-back calls."""
-    import torch
-
-    for _ in range(max(1, warmup)):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    one = max(start.elapsed_time(end), 1e-3)
-    inner = max(1, min(100, math.ceil(min_rep_ms / one)))
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
+    ms = time_cuda_ms_interleaved({"fn": fn}, warmup, reps, min_rep_ms)["fn"]
+    if isinstance(ms, Exception):
+        raise ms
+    return ms
 
 
 def time_cuda_ms_interleaved(fns: dict[str, Callable[[], Any]], warmup: int, reps: int,
