@@ -46,7 +46,7 @@ def run(args: Any, time_ms) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from . import build_many, compile
-    from .bench import attn_fwd_flops
+    from .bench import attn_fwd_flops, error_line
     from .ops import _launch_params
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -92,7 +92,7 @@ def run(args: Any, time_ms) -> int:
     rows[CUDNN] = "same inputs, same process"
     for name, ms in time_ms(fns).items():
         failed |= isinstance(ms, Exception)
-        tflops = f"{type(ms).__name__}: {ms}" if isinstance(ms, Exception) else f"{flops / ms / 1e9:.1f}"
+        tflops = error_line(ms) if isinstance(ms, Exception) else f"{flops / ms / 1e9:.1f}"
         rows[name] = f"| {name} | {tflops} | {rows[name]} |"
     print(f"\nablation: hdim {d}, batch {b}, seqlen {s}, {h} heads, {args.dtype}, not causal; "
           f"TFLOP/s, median of {args.reps}\n")

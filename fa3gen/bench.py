@@ -106,6 +106,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 # timing
 # ---------------------------------------------------------------------------------------------
 
+def error_line(e: BaseException) -> str:
+    """An exception as one table-safe line: its type and the first line of its message."""
+    text = str(e)
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def time_cuda_ms(fn: Callable[[], Any], warmup: int, reps: int, min_rep_ms: float) -> float:
     """Median milliseconds per call of fn, CUDA events around batches of back-to-back calls."""
     ms = time_cuda_ms_interleaved({"fn": fn}, warmup, reps, min_rep_ms)["fn"]
@@ -349,7 +355,7 @@ def _run_case(args: argparse.Namespace, dev, dtype, d: int, s: int, b: int, h: i
         print(f"check {name}: {_check(entry, outputs)}", flush=True)
     for impl, ms in time_cuda_ms_interleaved(fns, args.warmup, args.reps, args.min_rep_ms).items():
         if isinstance(ms, Exception):
-            entry["results"][impl] = {"error": f"{type(ms).__name__}: {str(ms).splitlines()[0] if str(ms) else ''}"}
+            entry["results"][impl] = {"error": error_line(ms)}
         else:
             entry["results"][impl] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
     res = entry["results"]

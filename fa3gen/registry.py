@@ -42,8 +42,12 @@ SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]]
 }
 
 
+def _bucket_name(head_dim: int, dtype: str, causal: bool, bucket: str) -> str:
+    return f"{_registry_name(head_dim, dtype, causal)}_{bucket}"
+
+
 REGISTRY.update({
-    f"{_registry_name(d, dtype, causal)}_{bucket}": KernelSpec(head_dim=d, dtype=dtype, causal=causal, **fields)
+    _bucket_name(d, dtype, causal, bucket): KernelSpec(head_dim=d, dtype=dtype, causal=causal, **fields)
     for (d, causal), (_, short, long) in SEQLEN_TILES.items()
     for bucket, fields in (("short", short), ("long", long)) if fields
     for dtype in ("bf16", "fp16")
@@ -110,7 +114,7 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
     if head_dim_v == head_dim and not (window or softcap or alibi):
         bucket = seqlen_q if isinstance(seqlen_q, str) else seqlen_bucket(head_dim, bool(causal), seqlen_q)
         if bucket is not None:
-            return REGISTRY[f"{_registry_name(head_dim, canonical, bool(causal))}_{bucket}"]
+            return REGISTRY[_bucket_name(head_dim, canonical, bool(causal), bucket)]
         return REGISTRY[_registry_name(head_dim, canonical, bool(causal))]
     # A pydantic ValidationError (a ValueError) names the limit if this combination does not fit.
     return KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal),

@@ -93,8 +93,17 @@ INTER_TILE_OVERLAP_DEFAULT = True
 PINGPONG_DEFAULT = True
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
-_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", "window", "softcap", "alibi",
-                   "score_mod", "mask_mod", "params")
+# The attention variants a spec can compile in.
+_VARIANT_FIELDS = ("window", "softcap", "alibi", "score_mod", "mask_mod")
+_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", *_VARIANT_FIELDS, "params")
+
+
+def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers: Any) -> list[str]:
+    """What a forward spec lacks for inter_tile_overlap (empty: it may chain tiles)."""
+    return [need for need, ok in (("intra_wg_overlap=True", intra_wg_overlap is True),
+                                  ("a persistent scheduler ('static' or 'lpt')", scheduler != "grid"),
+                                  ("q_buffers=2 (the next tile's Q loads while this tile runs)", q_buffers == 2))
+            if not ok]
 
 
 def _bwd_dq_buffers(block_n: int) -> int:
@@ -266,14 +275,14 @@ class KernelSpec(BaseModel):
                 and all(isinstance(x, int) for x in sizes) and data.get("epilogue") in ("tma", "direct"):
             two = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], data["epilogue"], 2)
             data["q_buffers"] = 2 if two <= SMEM_BUDGET_BYTES else 1
-        chained = data.get("kind", "fwd") == "fwd" and data.get("q_buffers") == 2 \
-            and data.get("intra_wg_overlap", True) is True and data.get("scheduler") != "grid"
+        chained = data.get("kind", "fwd") == "fwd" and not _inter_tile_overlap_missing(
+            data.get("intra_wg_overlap", True), data.get("scheduler"), data.get("q_buffers"))
         if data.get("inter_tile_overlap") is None:
             data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and chained
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
             # without variants (PINGPONG_DEFAULT).
-            variants = any(data.get(f) for f in ("window", "softcap", "alibi", "score_mod", "mask_mod"))
+            variants = any(data.get(f) for f in _VARIANT_FIELDS)
             data["pingpong"] = data.get("num_consumer_warpgroups") == 2 and (
                 data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not variants))
         return data
@@ -319,10 +328,7 @@ class KernelSpec(BaseModel):
                              f"WGMMA), got {self.block_n}")
 
     def _check_inter_tile_overlap(self) -> None:
-        missing = [need for need, ok in (("intra_wg_overlap=True", self.intra_wg_overlap),
-                                         ("a persistent scheduler ('static' or 'lpt')", self.scheduler != "grid"),
-                                         ("q_buffers=2 (the next tile's Q loads while this tile runs)",
-                                          self.q_buffers == 2)) if not ok]
+        missing = _inter_tile_overlap_missing(self.intra_wg_overlap, self.scheduler, self.q_buffers)
         if missing:
             raise ValueError(f"inter_tile_overlap needs {', '.join(missing)}")
 

@@ -27,7 +27,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import fa3gen  # noqa: E402
 from fa3gen import fp8, fp8_ops  # noqa: E402
-from fa3gen.bench import attn_fwd_flops, matmul_bf16_tflops, time_cuda_ms, time_cuda_ms_interleaved  # noqa: E402
+from fa3gen.bench import (attn_fwd_flops, bench_cases, error_line, matmul_bf16_tflops,  # noqa: E402
+                          time_cuda_ms, time_cuda_ms_interleaved)
 from fa3gen.ops import flash_attn_func  # noqa: E402
 
 
@@ -72,8 +73,7 @@ def gemm_ceilings() -> dict[str, float]:
     return {"scaled_mm_fp8": 2 * n**3 / ms_fp8 / 1e9, "matmul_bf16": matmul_bf16_tflops("cuda", *TIMING)}
 
 
-def run_case(d: int, s: int, causal: bool, tiles: bool, extra: tuple[dict, ...] = ()) -> dict:
-    b, h = 16384 // s, 2048 // d
+def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: tuple[dict, ...] = ()) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
     scale = 1 / math.sqrt(d)
@@ -107,14 +107,14 @@ def run_case(d: int, s: int, causal: bool, tiles: bool, extra: tuple[dict, ...] 
             try:
                 kernel = fa3gen.compile(spec)
             except Exception as e:  # noqa: BLE001 - not prebuilt: reported, the rest still runs
-                print(f"{spec.name}: {type(e).__name__}: {str(e).splitlines()[0]}")
+                print(f"{spec.name}: {error_line(e)}")
                 continue
             fns[f"fp8 {spec.name}"] = lambda kernel=kernel: fp8_ops.flash_attn_fp8_func(blocks768, scale, causal,
                                                                                          kernel=kernel)
     ms = {}
     for name, t in time_cuda_ms_interleaved(fns, *TIMING).items():
         if isinstance(t, Exception):
-            print(f"{name}: {type(t).__name__}: {str(t).splitlines()[0] if str(t) else ''}")
+            print(f"{name}: {error_line(t)}")
         else:
             ms[name] = t
     ms["v_kernel_layout"] = timed(lambda: fp8.v_kernel_layout(v8))
@@ -142,16 +142,15 @@ def main() -> int:
     print("| case | fa3gen fp8 | fa3gen bf16 | cuDNN bf16 | fp8/bf16 | fp8/scaled_mm | V layout ms | prepare ms | fp8 vs bf16 rel diff |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for d in (int(x) for x in args.hdim.split(",")):
-        for s in (int(x) for x in args.seqlens.split(",")):
-            for causal in (False, True):
-                r = run_case(d, s, causal, args.tiles, tuple(json.loads(x) for x in args.spec))
-                rows.append(r)
-                tf, ms = r["tflops"], r["ms"]
-                print(f"| d{d} s{s} b{r['batch']} h{r['nheads']}{' causal' if causal else ''} | {tf['fp8']:.1f} | "
-                      f"{tf['bf16']:.1f} | {tf['cudnn_bf16']:.1f} | {tf['fp8'] / tf['bf16']:.2f}x | "
-                      f"{tf['fp8'] / ceil['scaled_mm_fp8']:.2f} | {ms['v_kernel_layout']:.3f} | {ms['prepare']:.3f} | "
-                      f"{r['fp8_vs_bf16_rel_diff']:.1e} |", flush=True)
+    hdims, seqlens = ([int(x) for x in a.split(",")] for a in (args.hdim, args.seqlens))
+    for d, s, b, h, causal in bench_cases(hdims, seqlens, (False, True)):
+        r = run_case(d, s, b, h, causal, args.tiles, tuple(json.loads(x) for x in args.spec))
+        rows.append(r)
+        tf, ms = r["tflops"], r["ms"]
+        print(f"| d{d} s{s} b{b} h{h}{' causal' if causal else ''} | {tf['fp8']:.1f} | "
+              f"{tf['bf16']:.1f} | {tf['cudnn_bf16']:.1f} | {tf['fp8'] / tf['bf16']:.2f}x | "
+              f"{tf['fp8'] / ceil['scaled_mm_fp8']:.2f} | {ms['v_kernel_layout']:.3f} | {ms['prepare']:.3f} | "
+              f"{r['fp8_vs_bf16_rel_diff']:.1e} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"ceilings": ceil, "cases": rows}, indent=1))
     return 0

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
-from fa3gen.bench import _fwd_fns, attn_fwd_flops, time_cuda_ms_interleaved  # noqa: E402
+from fa3gen.bench import _fwd_fns, attn_fwd_flops, bench_cases, time_cuda_ms_interleaved  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -37,8 +37,7 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
         print(f"\n### {dt} d{d} {'causal' if causal else 'full'} (TFLOP/s; ratio to the best peer)")
         print("| seqlen | cuDNN | FA2 | " + " | ".join(names) + " |")
         print("|---" * (3 + len(names)) + "|")
-        for s in seqlens:
-            b, h = max(1, 16384 // s), 2048 // d
+        for _, s, b, h, _ in bench_cases([d], seqlens, [causal]):
             gen = torch.Generator(device="cuda").manual_seed(s + d)
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dt], generator=gen) for _ in range(3))
             scale = 1 / math.sqrt(d)
