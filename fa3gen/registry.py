@@ -26,19 +26,20 @@ REGISTRY: dict[str, KernelSpec] = {
 # Forward tiles by query length, per (head_dim, causal): (limit, the spec fields that differ from
 # the default for seqlen_q <= limit, those for seqlen_q > limit); empty fields: the default spec.
 # Measured on the H200 (2026-11-30, bf16, 16k tokens, interleaved timing, same process):
-# - hdim 64: the default 192-row tiles waste a third of their last query block at seqlen 512 and,
-#   causal, most of the diagonal's blocks; 128 rows: causal s512 168 -> 197 TFLOP/s, s1k 218 ->
-#   259 (s2k 321 -> 309); not causal s512 324 -> 341 (s1k 368 -> 365).
+# - hdim 64, causal: the default 192-row tiles waste most of the diagonal's blocks; 128 rows:
+#   s512 168 -> 197 TFLOP/s, s1k 218 -> 259 (s2k 321 -> 309). (Not causal, 128 rows paid at s512
+#   until each warpgroup stored its own O rows: then 192 rows 370 vs 364, s1k 420 vs 417.)
 # - hdim 128, not causal: 176-key blocks (FA3's tile; O from registers, one Q buffer) halve the
 #   softmax's share per key: s16k 594 -> 630, s4k 575 -> 578, but s512 435 -> 386, s1k 512 -> 481.
-# - hdim 256: 48-key blocks leave room for the O staging tile (TMA-store epilogue): s512 362 ->
-#   436, causal s512 229 -> 268, s1k 341 -> 349; longer sequences lose (s2k 570 -> 527).
+# - hdim 128, causal: past 4k, 176-key blocks with O staged in the V buffer: s8k 555 -> 566,
+#   s16k 555 -> 601 (s4k 533 -> 508, s512 295 -> 239).
+# - hdim 256 takes its default 80-key blocks at every length since O is staged in the V buffer
+#   (48-key blocks with O's own staging tile, and causal 64-key ones, lost: s512 448 vs 466,
+#   causal 299 vs 309).
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
-    (64, False): (512, {"block_m": 128, "block_n": 128}, {}),
     (64, True): (1024, {"block_m": 128, "block_n": 128}, {}),
     (128, False): (2048, {}, {"block_n": 176, "epilogue": "direct"}),
-    (256, False): (512, {"block_n": 48}, {}),
-    (256, True): (1024, {"block_n": 48}, {}),
+    (128, True): (4096, {}, {"block_n": 176, "epilogue": "tma_v"}),
 }
 
 

@@ -91,6 +91,12 @@ INTER_TILE_OVERLAP_DEFAULT = True
 # causal s512 292 -> 304; hdim 64 (128-row tiles) causal s512 191 -> 208, s1k 270 -> 296; 16k
 # within +-1%. Specs with variants keep it off (their per-element code was not measured with it).
 PINGPONG_DEFAULT = True
+# Where O's own staging tile does not fit (hdim 192 and 256, beside one Q tile and two K/V
+# stages), stage it in the V stages' buffer (epilogue "tma_v") rather than store it from
+# registers: measured on the H200 (2026-11-30, bf16, 16k tokens, interleaved, same process),
+# hdim 256 128 x 80: s512 397 -> 466 TFLOP/s, s2k 609 -> 656, s16k 728 -> 745; causal s512 241 ->
+# 297, s2k 446 -> 482, s16k 620 -> 624. Specs with variants keep "direct" (not measured with it).
+O_IN_V_DEFAULT = True
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
@@ -128,12 +134,22 @@ def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_
 
 def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
                 epilogue: str, q_buffers: int = 1) -> int:
-    """Shared memory of one CTA: the Q buffers, the K/V stages, the O staging tile (TMA epilogue), barriers."""
+    """Shared memory of one CTA: the Q buffers, the K/V stages, the O staging tile (TMA epilogue;
+    "tma_v" stages O in the V stages' buffer instead), barriers."""
     e = _bytes_per_element(dtype)
     q = q_buffers * block_m * head_dim * e
     kv = stages * block_n * (head_dim + head_dim_v) * e
-    o = block_m * head_dim_v * 2 if epilogue == "tma" else 0  # O is 16-bit for every input dtype
+    o = _o_tile_bytes(block_m, head_dim_v) if epilogue == "tma" else 0
     return q + kv + o + BARRIER_SMEM_BYTES
+
+
+def _o_tile_bytes(block_m: int, head_dim_v: int) -> int:
+    return block_m * head_dim_v * 2  # O is 16-bit for every input dtype
+
+
+def _o_fits_in_v(dtype: str, block_m: int, block_n: int, head_dim_v: int, stages: int) -> bool:
+    """The O tile fits in the V stages' buffer (epilogue "tma_v")."""
+    return _o_tile_bytes(block_m, head_dim_v) <= stages * block_n * head_dim_v * _bytes_per_element(dtype)
 
 
 class KernelSpec(BaseModel):
@@ -187,9 +203,11 @@ class KernelSpec(BaseModel):
     # counter, longest first. None: "static" when not causal (tiles are equal), "lpt" when causal.
     scheduler: Literal["grid", "static", "lpt"] | None = None
     # How O leaves the kernel: "tma" stages the tile in shared memory and writes it with one TMA
-    # store that runs on while the next tile computes; "direct" stores from registers and needs no
+    # store that runs on while the next tile computes; "tma_v" stages it in the V stages' buffer
+    # instead (no shared memory of its own): the producer issues the store and holds the next
+    # tile's V loads until the store has read it; "direct" stores from registers and needs no
     # shared memory. None: "tma" where its buffer fits beside Q, K and V, else "direct".
-    epilogue: Literal["tma", "direct"] | None = None
+    epilogue: Literal["tma", "tma_v", "direct"] | None = None
     # Attention variants compiled into the kernel. The built-ins take their sizes per call:
     # window: local attention, query i sees keys [i + sk - sq - left, i + sk - sq + right];
     # softcap: score = cap * tanh(score / cap); alibi: score -= slope[b, h] * |i + sk - sq - j|.
@@ -269,13 +287,19 @@ class KernelSpec(BaseModel):
             data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
         sizes = [data.get(f) for f in ("block_m", "block_n", "head_dim_v", "stages")]
         if data.get("epilogue") is None and d in SUPPORTED_HEAD_DIMS and all(isinstance(x, int) for x in sizes):
-            tma_bytes = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], "tma")
-            data["epilogue"] = "tma" if tma_bytes <= SMEM_BUDGET_BYTES else "direct"
+            dtype = str(data.get("dtype", "bf16"))
+            if _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma") <= SMEM_BUDGET_BYTES:
+                data["epilogue"] = "tma"
+            elif O_IN_V_DEFAULT and _o_fits_in_v(dtype, sizes[0], sizes[1], sizes[2], sizes[3]) \
+                    and not any(data.get(f) for f in _VARIANT_FIELDS):
+                data["epilogue"] = "tma_v"
+            else:
+                data["epilogue"] = "direct"
         if data.get("q_buffers") is None and data.get("kind", "fwd") == "fwd" and d in SUPPORTED_HEAD_DIMS \
-                and all(isinstance(x, int) for x in sizes) and data.get("epilogue") in ("tma", "direct"):
+                and all(isinstance(x, int) for x in sizes) and data.get("epilogue") in ("tma", "tma_v", "direct"):
             two = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], data["epilogue"], 2)
             data["q_buffers"] = 2 if two <= SMEM_BUDGET_BYTES else 1
-        chained = data.get("kind", "fwd") == "fwd" and not _inter_tile_overlap_missing(
+        chained = data.get("kind", "fwd") == "fwd" and data.get("epilogue") != "tma_v" and not _inter_tile_overlap_missing(
             data.get("intra_wg_overlap", True), data.get("scheduler"), data.get("q_buffers"))
         if data.get("inter_tile_overlap") is None:
             data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and chained
@@ -331,6 +355,16 @@ class KernelSpec(BaseModel):
         missing = _inter_tile_overlap_missing(self.intra_wg_overlap, self.scheduler, self.q_buffers)
         if missing:
             raise ValueError(f"inter_tile_overlap needs {', '.join(missing)}")
+
+    def _check_o_in_v(self) -> None:
+        assert self.block_m and self.block_n and self.head_dim_v and self.stages
+        if not _o_fits_in_v(self.dtype, self.block_m, self.block_n, self.head_dim_v, self.stages):
+            raise ValueError(f"epilogue='tma_v' stages O ({self.block_m}x{self.head_dim_v}, 16-bit) in the V stages' "
+                             f"buffer ({self.stages}x{self.block_n}x{self.head_dim_v}), which is smaller: "
+                             "use epilogue='tma' or 'direct', or more stages or a larger block_n")
+        if self.inter_tile_overlap:
+            raise ValueError("epilogue='tma_v' does not chain tiles (inter_tile_overlap=False): the next tile's "
+                             "first P·V would wait for this tile's store")
 
     def _check_bwd(self) -> None:
         bm, bn, d, dv, nwg = self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.num_consumer_warpgroups
@@ -403,6 +437,8 @@ class KernelSpec(BaseModel):
             raise ValueError(f"pingpong needs num_consumer_warpgroups=2, got {nwg}")
         if self.inter_tile_overlap:
             self._check_inter_tile_overlap()
+        if self.epilogue == "tma_v":
+            self._check_o_in_v()
         smem = self.smem_bytes
         if smem > SMEM_BUDGET_BYTES:
             raise ValueError(
@@ -519,7 +555,7 @@ class KernelSpec(BaseModel):
         sched = ("_pp" if self.pingpong else "") + ("_ov" if self.intra_wg_overlap else "")
         sched += "_it" if self.inter_tile_overlap else ""
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
-        sched += "_otma" if self.epilogue == "tma" else ""
+        sched += {"tma": "_otma", "tma_v": "_otmav", "direct": ""}[str(self.epilogue)]
         sched += "_q2" if self.q_buffers == 2 else ""
         if self.kind == "bwd":
             sched = "_det" if self.deterministic else ""
@@ -537,6 +573,11 @@ class KernelSpec(BaseModel):
     @property
     def is_fp8(self) -> bool:
         return self.dtype == "e4m3"
+
+    @property
+    def stores_o_with_tma(self) -> bool:
+        """O leaves through shared memory and a TMA store (its own buffer, or V's)."""
+        return self.epilogue in ("tma", "tma_v")
 
     def canonical_json(self) -> str:
         """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace."""

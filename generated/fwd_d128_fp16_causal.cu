@@ -44,7 +44,7 @@ constexpr int kConsumerWarpgroups = 2;
 constexpr int kMmaThreads = 128 * kConsumerWarpgroups;
 constexpr int kThreads = 128 + kMmaThreads;  // warpgroup 0 produces, the others consume
 constexpr uint32_t kTurnBarrier = 0;  // first of the named barriers that order pingpong turns
-constexpr uint32_t kEpilogueBarrier = 2;  // named barrier of the consumers around the O staging tile
+constexpr uint32_t kEpilogueBarrier = 2;  // named barriers (one per consumer warpgroup) of the consumers around the O staging tile
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 
@@ -70,7 +70,15 @@ using SmemLayoutVt = decltype(composition(
     SmemLayoutV{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
                                Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDimV>>{})));
 
-using SmemLayoutO = decltype(tile_to_shape(SmemAtomKMajor<kHeadDimV, ElementOut>{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
+// O staged per consumer warpgroup, (64 rows, head_dim_v, warpgroup): each warpgroup stores its own
+// rows with a TMA store of its own, so the warpgroups never wait for each other at a tile's end.
+using SmemLayoutOWarpgroups = decltype(tile_to_shape(SmemAtomKMajor<kHeadDimV, ElementOut>{},
+                                                     Shape<_64, Int<kHeadDimV>, Int<kConsumerWarpgroups>>{}));
+// The same buffer as the (block_m, head_dim_v) tile the consumers' stmatrix writes: row r is row r % 64
+// of warpgroup r / 64.
+using SmemLayoutO = decltype(composition(
+    SmemLayoutOWarpgroups{}, make_layout(Shape<Shape<_64, Int<kConsumerWarpgroups>>, Int<kHeadDimV>>{},
+                                         Stride<Stride<_1, Int<64 * kHeadDimV>>, _64>{})));
 // Global tensors as (seqlen, head_dim, heads, batch) with run-time strides in elements.
 using GmemLayout = Layout<Shape<int32_t, int32_t, int32_t, int32_t>, Stride<int64_t, _1, int64_t, int64_t>>;
 using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemLayout{}));
@@ -79,7 +87,7 @@ using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(Sm
 using TileV = Shape<Int<kBlockN>, Int<kHeadDimV>>;  // one TMA box of V
 using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}), TileV{}, _1{}));
 using GmemTensorOut = decltype(make_tensor(make_gmem_ptr(static_cast<ElementOut*>(nullptr)), GmemLayout{}));
-using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, SmemLayoutO{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
+using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorOut{}, take<0, 2>(SmemLayoutOWarpgroups{}), Shape<_64, Int<kHeadDimV>>{}, _1{}));
 
 // Bytes each TMA load lands (out-of-bounds rows are zero-filled and still counted).
 constexpr uint32_t kBytesQ = kBlockM * kHeadDim * sizeof(Element);
@@ -461,22 +469,26 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     float lse[kRows];
     softmax.finish(o_rows, lse_scale(p), lse);
     // ---- epilogue: O (normalized) rounded to ElementOut, staged in shared memory with stmatrix
-    //      and written by one TMA store that runs on while the next tile computes; LSE per row ----
+    //      and written by a TMA store per warpgroup (its 64 rows) that runs on while the next tile
+    //      computes; the warpgroups do not wait for each other, so pingpong keeps its offset; LSE per row ----
     {
       Tensor out = make_tensor<ElementOut>(tOrO.layout());
       fa3gen::convert_fragment<ElementOut>(tOrO, out);
       Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), SmemLayoutO{});
       auto smem_store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, ElementOut>{}, mma_pv);
       auto thread_store = smem_store.get_thread_slice(mma_thread);
-      // The previous tile's store must have read the staging tile before it is overwritten.
-      if (mma_thread == 0) { tma_store_wait<0>(); }
-      cutlass::arch::NamedBarrier::sync(kMmaThreads, kEpilogueBarrier);
+      int const rows_warpgroup = mma_thread / 128;
+      bool const issues_store = mma_thread % 128 == 0;
+      // This warpgroup's previous store must have read its rows before they are overwritten.
+      if (issues_store) { tma_store_wait<0>(); }
+      cutlass::arch::NamedBarrier::sync(128, kEpilogueBarrier + rows_warpgroup);
       copy(smem_store, thread_store.retile_S(out), thread_store.partition_D(sO));
       cutlass::arch::fence_view_async_shared();  // the TMA engine reads what these threads wrote
-      cutlass::arch::NamedBarrier::sync(kMmaThreads, kEpilogueBarrier);
-      if (mma_thread == 0) {
+      cutlass::arch::NamedBarrier::sync(128, kEpilogueBarrier + rows_warpgroup);
+      if (issues_store) {
+        Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), SmemLayoutOWarpgroups{})(_, _, rows_warpgroup);
         Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDimV>{}, p.nheads_q, p.batch));
-        Tensor gO = local_tile(mO(_, _, t.head, t.batch), Shape<Int<kBlockM>, Int<kHeadDimV>>{}, make_coord(t.m_block, _0{}));
+        Tensor gO = local_tile(mO(_, _, t.head, t.batch), Shape<Int<64>, Int<kHeadDimV>>{}, make_coord(t.m_block * kConsumerWarpgroups + rows_warpgroup, _0{}));
         auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO), group_modes<0, 2>(gO));
         copy(p.tma_o, tOsO, tOgO);  // rows past seqlen_q are clipped by the TMA unit
         tma_store_arrive();
@@ -502,7 +514,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   }
   // Warpgroup 1 arrived once more than warpgroup 0 synced on turn 0: consume it.
   if (warpgroup == 0) { cutlass::arch::NamedBarrier::sync(kMmaThreads, kTurnBarrier + 0); }
-  if (mma_thread == 0) { tma_store_wait<0>(); }  // shared memory stays valid until the last store has read it
+  if (mma_thread % 128 == 0) { tma_store_wait<0>(); }  // shared memory stays valid until the last stores have read it
 }
 
 // Thread 0 issues every load, so it alone arrives (with the byte count) on the full barriers.
@@ -575,7 +587,7 @@ extern "C" int fa3gen_fwd(const Fa3genFwdParams* a, void* stream) {
       make_tma_copy(SM90_TMA_LOAD{}, fa3gen::gmem_tensor(static_cast<Element const*>(a->v), a->seqlen_k, kHeadDimV, a->nheads_kv, a->batch, a->v_row_stride, a->v_head_stride, a->v_batch_stride),
                     take<0, 2>(SmemLayoutV{}), TileV{}, _1{}),
       make_tma_copy(SM90_TMA_STORE{}, fa3gen::gmem_tensor(static_cast<ElementOut*>(a->o), a->seqlen_q, kHeadDimV, a->nheads_q, a->batch, a->o_row_stride, a->o_head_stride, a->o_batch_stride),
-                    SmemLayoutO{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}),
+                    take<0, 2>(SmemLayoutOWarpgroups{}), Shape<_64, Int<kHeadDimV>>{}, _1{}),
       a->lse,
       a->batch, a->seqlen_q, a->seqlen_k, a->nheads_q, a->nheads_kv,
       a->softmax_scale,

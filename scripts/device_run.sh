@@ -126,6 +126,7 @@ cases = [  # (b, sq, sk, hq, hkv, d, dtype, causal): ragged, GQA, sq != sk, mask
     (1, 17, 113, 4, 2, 128, torch.bfloat16, True),
     (2, 113, 17, 2, 1, 64, torch.float16, True),
     (1, 1, 1, 1, 1, 256, torch.bfloat16, False),
+    (2, 300, 77, 2, 1, 256, torch.bfloat16, True),  # O staged in the V buffer; tiles without keys stage zeros
     (1, 200, 200, 2, 2, 96, torch.float16, False),
     (3, 1000, 1000, 8, 2, 128, torch.bfloat16, False),  # 192 tiles: CTAs chain two (inter-tile overlap)
     (3, 1000, 1000, 8, 2, 128, torch.bfloat16, True),

@@ -21,9 +21,10 @@ from fa3gen.build import BuildResult, build_many
 from fa3gen.registry import REPRESENTATIVE
 from fa3gen.spec import SMEM_BUDGET_BYTES, KernelSpec
 
-# The representative spec (TMA-store epilogue), the one with the most register pressure (direct
-# epilogue, lpt scheduler), and two samples of the schedule switches that the registry does not use
-# (pingpong with overlap; serial, one CTA per tile), and two variant kernels.
+# The representative spec (TMA-store epilogue per warpgroup), the one with the most register
+# pressure (hdim 256 causal: O staged in the V buffer and stored by the producer, lpt scheduler),
+# two samples of the schedule switches that the registry does not use (pingpong with overlap;
+# serial, one CTA per tile), and two variant kernels.
 SPECS = {
     REPRESENTATIVE: REGISTRY[REPRESENTATIVE],
     "fwd_d256_bf16_causal": REGISTRY["fwd_d256_bf16_causal"],
@@ -50,6 +51,10 @@ SPECS = {
     "fwd_d256_e4m3": REGISTRY["fwd_d256_e4m3"],
 }
 NAMES = list(SPECS)
+# Spill bytes a kernel may have, and why. The causal hdim 256 forward (lpt scheduler, O staged in
+# the V buffer) keeps two per-thread offsets of its epilogue in local memory: stored once, reloaded
+# once per tile outside the key-block loop (8 bytes; measured faster than O from registers).
+SPILL_BYTES_ALLOWED = {"fwd_d256_bf16_causal": 8}
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +80,9 @@ def test_ptxas_report(builds: dict[str, BuildResult], name: str) -> None:
         assert info.registers > 0
         # 1 CTA per SM: launch_bounds caps the kernel at 65536 / threads registers per thread.
         assert info.registers <= 65536 // spec.num_threads, info.summary()
-        assert info.spill_stores == 0 and info.spill_loads == 0, info.summary()
-        assert info.stack_frame == 0, info.summary()
+        allowed = SPILL_BYTES_ALLOWED.get(name, 0)
+        assert info.spill_stores <= allowed and info.spill_loads <= allowed, info.summary()
+        assert info.stack_frame <= allowed, info.summary()
         # Shared memory is dynamic (sized by the SharedStorage static_assert against the spec's
         # budget at compile time); no static shared memory may sneak in beside it.
         assert info.smem_bytes <= min(spec.smem_bytes, SMEM_BUDGET_BYTES), info.summary()
@@ -113,11 +119,12 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
         assert all(op.endswith(".E4M3.E4M3") and "x32." in op for op in re.findall(r"QGMMA\.\S+", sass))
     assert "UTMALDG" in sass, "no TMA loads (UTMALDG) in the kernel"
     # The TMA-store epilogue stages O with stmatrix and writes it with a TMA store; direct does neither.
-    tma_epilogue = SPECS[name].epilogue == "tma"
+    tma_epilogue = SPECS[name].stores_o_with_tma
     assert ("UTMASTG" in sass) == tma_epilogue and ("STSM" in sass) == tma_epilogue, SPECS[name].epilogue
     if SPECS[name].kind == "bwd":
         # dQ leaves through one bulk reduction per tile (UBLKRED), never per-element global atomics.
         assert "UBLKRED.G.S.ADD.F32" in sass, "no bulk fp32 reduction of the dQ tile"
         assert not re.search(r"\bREDG?\.E\.ADD\.F32", sass), "per-element dQ atomics"
     local = re.findall(r"\b(LDL|STL)\b", sass)
-    assert not local, f"local-memory traffic: {len(local)} LDL/STL instructions"
+    # A 4-byte value spilled is one STL and (here) one LDL.
+    assert len(local) <= 2 * SPILL_BYTES_ALLOWED.get(name, 0) // 4, f"local-memory traffic: {len(local)} LDL/STL instructions"

@@ -36,21 +36,69 @@ def test_switch_combination_renders_its_schedule(head_dim, causal, pingpong, ove
     assert ("handoff.receive()" in src) == (scheduler == "lpt")
     assert ("constexpr int kWorkspaceBytes = 16;" in src) == (scheduler == "lpt")
     assert ("crosses_right_edge" in src) == causal  # the causal diagonal (no window here)
-    assert ("tma_store_arrive();" in src) == (spec.epilogue == "tma")
+    assert ("tma_store_arrive();" in src) == spec.stores_o_with_tma
+    # d192/d256 stage O in the V buffer (their own staging tile does not fit): the producer stores it.
+    assert ("store_staged_o" in src) == (spec.epilogue == "tma_v") == (head_dim > 128)
 
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_epilogue_switch_renders_its_store(head_dim):
-    """O goes through a TMA store where its staging tile fits in shared memory, else from registers."""
+    """O goes through a TMA store from its own staging tile where that fits in shared memory, else
+    (no variants) from the V stages' buffer; "direct" stores from registers."""
     direct = render(KernelSpec(head_dim=head_dim, epilogue="direct"))
     assert "tma_store_arrive();" not in direct and "SmemLayoutO" not in direct
     spec = KernelSpec(head_dim=head_dim)
-    assert spec.epilogue == ("tma" if head_dim <= 128 else "direct")  # d192/d256: Q, K, V fill the SM
-    if spec.epilogue == "direct":
+    assert spec.epilogue == ("tma" if head_dim <= 128 else "tma_v")  # d192/d256: Q, K, V fill the SM
+    # With a variant (not measured with "tma_v"), O leaves from registers where its tile does not fit.
+    assert KernelSpec(head_dim=head_dim, softcap=True).epilogue == ("tma" if head_dim <= 128 else "direct")
+    src = render(spec)
+    # "tma": each consumer warpgroup syncs, stages and stores its own 64 rows (no wait for the
+    # other warpgroup); "tma_v": the O tile overlaps V, so both warpgroups must be done with V.
+    per_warpgroup = "cutlass::arch::NamedBarrier::sync(128, kEpilogueBarrier + rows_warpgroup);" in src
+    both = "cutlass::arch::NamedBarrier::sync(kMmaThreads, kEpilogueBarrier);" in src
+    assert (per_warpgroup, both) == ((True, False) if spec.epilogue == "tma" else (False, True))
+    if spec.epilogue == "tma":
+        assert "make_coord(t.m_block * kConsumerWarpgroups + rows_warpgroup, _0{})" in src
+    if spec.epilogue == "tma_v":
         with pytest.raises(ValidationError, match="use epilogue='direct'"):
             KernelSpec(head_dim=head_dim, epilogue="tma")
     else:
-        assert "tma_store_arrive();" in render(spec)
+        assert "tma_store_arrive();" in src
+
+
+@pytest.mark.parametrize("scheduler", ["grid", "static", "lpt"])
+@pytest.mark.parametrize("head_dim, block_n", [(256, 80), (192, 112), (128, 176)])
+def test_epilogue_in_v_buffer_renders_a_producer_store(head_dim, block_n, scheduler):
+    """epilogue="tma_v": the consumers stage O in the V stages' buffer and hand it over; the
+    producer stores it before the next V load lands there, and for the last tile at the end."""
+    spec = KernelSpec(head_dim=head_dim, block_n=block_n, causal=True, scheduler=scheduler, epilogue="tma_v")
+    assert spec.name.endswith("_otmav")
+    assert not spec.inter_tile_overlap  # the next tile's P·V would wait for the store
+    # O needs no shared memory of its own.
+    assert spec.smem_bytes == KernelSpec(head_dim=head_dim, block_n=block_n, epilogue="direct").smem_bytes
+    src = render(spec)
+    consumer = src[src.index("void consume("):src.index("template <class Pipeline>")]
+    producer = src[src.index("void store_staged_o("):src.index("void consume(")]
+    assert "o_handoff.pipeline.producer_commit(o_handoff.state);" in consumer
+    assert "tma_store_arrive();" not in consumer and "tma_store_arrive();" in producer
+    assert "return reinterpret_cast<ElementOut*>(smem.v.data());" in src
+    # Stored before the next tile's first V load, and once more after the last tile.
+    assert producer.index("store_staged_o(p, smem, o_handoff, scheduler.coord(p, staged)); }\n  pipeline_v.producer_acquire") > 0
+    assert producer.count("store_staged_o(p, smem, o_handoff,") == (2 if scheduler == "grid" else 3)
+    # K runs a block ahead of V, so the second K load does not wait for that store.
+    load = src[src.index("void load_tile("):src.index("void produce(")]
+    assert load.index("tKgK(_, n_block - 1)") < load.index("store_staged_o(") \
+        < load.index("tVgV(_, n_block), tVsV(_, write_v.index())")
+
+
+def test_epilogue_in_v_buffer_needs_room_and_no_chaining():
+    with pytest.raises(ValidationError, match="in the V stages' buffer .2x48x256., which is smaller"):
+        KernelSpec(head_dim=256, block_n=48, epilogue="tma_v")
+    with pytest.raises(ValidationError, match="epilogue='tma_v' does not chain tiles"):
+        KernelSpec(head_dim=128, epilogue="tma_v", inter_tile_overlap=True)
+    # Left to its default, chaining turns off for it (and pingpong with it).
+    spec = KernelSpec(head_dim=128, epilogue="tma_v")
+    assert not spec.inter_tile_overlap and not spec.pingpong and spec.q_buffers == 2
 
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)

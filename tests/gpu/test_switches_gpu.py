@@ -2,7 +2,7 @@
 
 The registry kernels (tests in test_fwd_gpu.py) use the default switches; these run the others
 (pingpong, no overlap, one CTA per tile, the static persistent order for causal, lpt when not
-causal, O stored from registers at hdim 128) on ragged, GQA, sq != sk shapes
+causal, O stored from registers at hdim 128, O staged in the V buffer) on ragged, GQA, sq != sk shapes
 into NaN-poisoned outputs.
 """
 
@@ -42,6 +42,12 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, causal=True, inter_tile_overlap=True),
     fa3gen.KernelSpec(head_dim=64, causal=True, block_m=128, inter_tile_overlap=True, dtype="fp16"),
     fa3gen.KernelSpec(head_dim=128, causal=True, pingpong=True, inter_tile_overlap=True),
+    # O staged in the V buffer and stored by the producer: tiles without keys (sq > sk, causal)
+    # stage zeros; each scheduler hands tiles over in its own order.
+    fa3gen.KernelSpec(head_dim=256, epilogue="tma_v"),
+    fa3gen.KernelSpec(head_dim=256, causal=True, epilogue="tma_v"),
+    fa3gen.KernelSpec(head_dim=256, causal=True, epilogue="tma_v", scheduler="grid", dtype="fp16"),
+    fa3gen.KernelSpec(head_dim=128, block_n=176, causal=True, epilogue="tma_v", scheduler="static"),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 # The last shape has ~8 tiles per CTA: Q buffers wrap around, and tiles chain into each other.
