@@ -104,11 +104,13 @@ _VARIANT_FIELDS = ("window", "softcap", "alibi", "score_mod", "mask_mod")
 _PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", *_VARIANT_FIELDS, "params")
 
 
-def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers: Any) -> list[str]:
+def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers: Any, epilogue: Any) -> list[str]:
     """What a forward spec lacks for inter_tile_overlap (empty: it may chain tiles)."""
     return [need for need, ok in (("intra_wg_overlap=True", intra_wg_overlap is True),
                                   ("a persistent scheduler ('static' or 'lpt')", scheduler != "grid"),
-                                  ("q_buffers=2 (the next tile's Q loads while this tile runs)", q_buffers == 2))
+                                  ("q_buffers=2 (the next tile's Q loads while this tile runs)", q_buffers == 2),
+                                  ("an epilogue other than 'tma_v' (epilogue='tma_v' does not chain tiles: the "
+                                   "next tile's first P·V would wait for this tile's store)", epilogue != "tma_v"))
             if not ok]
 
 
@@ -206,7 +208,8 @@ class KernelSpec(BaseModel):
     # store that runs on while the next tile computes; "tma_v" stages it in the V stages' buffer
     # instead (no shared memory of its own): the producer issues the store and holds the next
     # tile's V loads until the store has read it; "direct" stores from registers and needs no
-    # shared memory. None: "tma" where its buffer fits beside Q, K and V, else "direct".
+    # shared memory. None: "tma" where its buffer fits beside Q, K and V, else "tma_v" where O fits
+    # in the V stages and the spec has no variants (O_IN_V_DEFAULT), else "direct".
     epilogue: Literal["tma", "tma_v", "direct"] | None = None
     # Attention variants compiled into the kernel. The built-ins take their sizes per call:
     # window: local attention, query i sees keys [i + sk - sq - left, i + sk - sq + right];
@@ -299,8 +302,8 @@ class KernelSpec(BaseModel):
                 and all(isinstance(x, int) for x in sizes) and data.get("epilogue") in ("tma", "tma_v", "direct"):
             two = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], data["epilogue"], 2)
             data["q_buffers"] = 2 if two <= SMEM_BUDGET_BYTES else 1
-        chained = data.get("kind", "fwd") == "fwd" and data.get("epilogue") != "tma_v" and not _inter_tile_overlap_missing(
-            data.get("intra_wg_overlap", True), data.get("scheduler"), data.get("q_buffers"))
+        chained = data.get("kind", "fwd") == "fwd" and not _inter_tile_overlap_missing(
+            data.get("intra_wg_overlap", True), data.get("scheduler"), data.get("q_buffers"), data.get("epilogue"))
         if data.get("inter_tile_overlap") is None:
             data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and chained
         if data.get("pingpong") is None:
@@ -352,7 +355,7 @@ class KernelSpec(BaseModel):
                              f"WGMMA), got {self.block_n}")
 
     def _check_inter_tile_overlap(self) -> None:
-        missing = _inter_tile_overlap_missing(self.intra_wg_overlap, self.scheduler, self.q_buffers)
+        missing = _inter_tile_overlap_missing(self.intra_wg_overlap, self.scheduler, self.q_buffers, self.epilogue)
         if missing:
             raise ValueError(f"inter_tile_overlap needs {', '.join(missing)}")
 
@@ -362,9 +365,6 @@ class KernelSpec(BaseModel):
             raise ValueError(f"epilogue='tma_v' stages O ({self.block_m}x{self.head_dim_v}, 16-bit) in the V stages' "
                              f"buffer ({self.stages}x{self.block_n}x{self.head_dim_v}), which is smaller: "
                              "use epilogue='tma' or 'direct', or more stages or a larger block_n")
-        if self.inter_tile_overlap:
-            raise ValueError("epilogue='tma_v' does not chain tiles (inter_tile_overlap=False): the next tile's "
-                             "first P·V would wait for this tile's store")
 
     def _check_bwd(self) -> None:
         bm, bn, d, dv, nwg = self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.num_consumer_warpgroups

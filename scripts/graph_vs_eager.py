@@ -11,13 +11,11 @@ Usage (on the GPU machine): python scripts/graph_vs_eager.py [--seqlen 512] [--c
 from __future__ import annotations
 
 import argparse
+import math
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import fa3gen
-from fa3gen.bench import attn_fwd_flops, time_cuda_ms_interleaved
+from fa3gen.bench import _fwd_fns, attn_fwd_flops, bench_cases, time_cuda_ms_interleaved
 
 CALLS_PER_GRAPH = 10
 
@@ -40,20 +38,11 @@ def main() -> None:
     s = args.seqlen
     for case in args.cases.split(","):
         d, causal = int(case.rstrip("c")), case.endswith("c")
-        b, h = 16384 // s, 2048 // d
+        ((_, _, b, h, _),) = bench_cases([d], [s], [causal])
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def fa3() -> torch.Tensor:
-            return fa3gen.flash_attn_func(q, k, v, causal=causal)
-
-        def cudnn() -> torch.Tensor:
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
-        graphs = {"fa3gen": graph_of(fa3), "cudnn": graph_of(cudnn)}
-        fns = {"fa3gen eager": fa3, "cudnn eager": cudnn,
-               "fa3gen graph": graphs["fa3gen"].replay, "cudnn graph": graphs["cudnn"].replay}
+        peers, _ = _fwd_fns(q, k, v, 1 / math.sqrt(d), causal)  # the bench's fa3gen and cuDNN calls
+        fns = {f"{name} eager": peers[name] for name in ("fa3gen", "cudnn")}
+        fns.update({f"{name} graph": graph_of(peers[name]).replay for name in ("fa3gen", "cudnn")})
         ms = time_cuda_ms_interleaved(fns, 5, 20, 2.0)
         flops = attn_fwd_flops(b, h, s, s, d, causal)
         tflops = {n: flops * (CALLS_PER_GRAPH if "graph" in n else 1) / t / 1e9 for n, t in ms.items()}
