@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_SCALAR_ARGS = 8
 MAX_TENSOR_ARGS = 8
 MAX_TENSOR_DIMS = 4

@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from fa3gen import launch
 from fa3gen.abi import BwdParams, FwdParams
 from fa3gen.registry import seqlen_bucket
 from fa3gen.variant_args import VariantArgs
@@ -301,6 +302,7 @@ def _clear_kernel_memo() -> None:
     """Forget memoized kernels (tests that swap fa3gen.compile use this)."""
     with _KERNELS_LOCK:
         _KERNELS.clear()
+    launch.forget_plans()
 
 
 def _kernel_stride(t: torch.Tensor, dim: int) -> int:
@@ -345,9 +347,9 @@ def _make_params(q, k, v, out, lse, softmax_scale: float) -> FwdParams:
 
 
 def _alloc_workspace(nbytes: int, device: torch.device) -> torch.Tensor | None:
-    """The scratch a kernel asked for (None for 0 bytes), which the caller keeps alive until the
-    launch is queued: the caching allocator then keeps it from being reused on this stream before
-    the kernels are done with it."""
+    """The scratch a backward launch asked for (None for 0 bytes; the library zeroes what it needs
+    itself), which the caller keeps alive until the launch is queued: the caching allocator then
+    keeps it from being reused on this stream before the kernels are done with it."""
     return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
 
 
@@ -361,34 +363,37 @@ def _on_device(device: torch.device, launch: Callable[[], None]) -> None:
         launch()
 
 
-def _attach_workspace(params: FwdParams, workspace_bytes: int, device: torch.device) -> torch.Tensor | None:
-    """The scratch the kernel asked for (e.g. the lpt scheduler's tile counter) into
-    params.workspace; the caller keeps the returned tensor alive until the launch is queued
-    (``_alloc_workspace``)."""
-    workspace = _alloc_workspace(workspace_bytes, device)
+def _attach_workspace(params: FwdParams, workspace_bytes: int, device: torch.device,
+                      stream: int) -> torch.Tensor | None:
+    """The scratch the kernel asked for into params.workspace (``launch.fwd_workspace``); the
+    caller keeps the returned tensor alive until the launch is queued."""
+    workspace = launch.fwd_workspace(workspace_bytes, device, stream)
     params.workspace = workspace.data_ptr() if workspace is not None else None
     return workspace
 
 
 def _launch_params(workspace_bytes: int, q, k, v, out, lse, softmax_scale: float) -> tuple[FwdParams, torch.Tensor | None]:
-    """FwdParams plus the scratch tensor the kernel asked for (``_attach_workspace``)."""
+    """FwdParams plus the scratch the kernel asked for, for launches on the current stream
+    (``launch.fwd_workspace``)."""
     params = _make_params(q, k, v, out, lse, softmax_scale)
-    return params, _attach_workspace(params, workspace_bytes, q.device)
+    stream = launch.current_stream(q.device)
+    return params, _attach_workspace(params, workspace_bytes, q.device, stream)
 
 
 def _run_fwd(kernel: Any, params: FwdParams, variant: VariantArgs, q: torch.Tensor, k: torch.Tensor,
              causal: bool) -> None:
     """What every forward launch ends with: its scratch, the call's variant values, and the launch
     on q's device and current stream."""
-    _workspace_alive = _attach_workspace(params, kernel.workspace_bytes, q.device)
+    stream = launch.current_stream(q.device)
+    _workspace_alive = _attach_workspace(params, kernel.workspace_bytes, q.device, stream)
     _fill_variant(params, kernel, variant, q, k, causal)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
     _on_device(q.device, lambda: kernel.fwd(params, stream))
 
 
 def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None,
-            variant: VariantArgs = NO_VARIANT) -> None:
-    """Run the forward kernel writing into out (b, sq, hq, dv) and lse (b, hq, sq) fp32.
+            variant: VariantArgs = NO_VARIANT) -> tuple[Any, FwdParams]:
+    """Run the forward kernel writing into out (b, sq, hq, dv) and lse (b, hq, sq) fp32; returns
+    the kernel and the parameters it was launched with.
 
     Internal: callers have validated q, k, v; out must satisfy the same stride rules and lse
     must be contiguous. Used by the op and by the GPU tests (to write into NaN-poisoned buffers).
@@ -396,7 +401,9 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
     if kernel is None:  # the registry kernel for these inputs
         kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), variant.window,
                              variant.softcap > 0, variant.alibi_slopes is not None, q.shape[1])
-    _run_fwd(kernel, _make_params(q, k, v, out, lse, softmax_scale), variant, q, k, causal)
+    params = _make_params(q, k, v, out, lse, softmax_scale)
+    _run_fwd(kernel, params, variant, q, k, causal)
+    return kernel, params
 
 
 def _fill_variant(params: FwdParams | BwdParams, kernel: Any, variant: VariantArgs, q: torch.Tensor,
@@ -410,9 +417,11 @@ def _fill_variant(params: FwdParams | BwdParams, kernel: Any, variant: VariantAr
 
 
 def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = None,
-                  variant: VariantArgs = NO_VARIANT, meta_checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  variant: VariantArgs = NO_VARIANT, meta_checked: bool = False,
+                  plan_key: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate, allocate, launch (the registry kernel, or `kernel`). Separate from the op so CPU
-    tests can route it."""
+    tests can route it. With a plan_key (an eager flash_attn_func call), the launch is kept as
+    that signature's plan (``fa3gen.launch``)."""
     if not meta_checked:
         _check_meta(q, k, v)
     _check_device(q, k, v)
@@ -430,7 +439,8 @@ def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = Non
     _check_gpu(q.device)
     out = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    _launch(q, k, v, out, lse, softmax_scale, causal, kernel, variant)
+    launched, params = _launch(q, k, v, out, lse, softmax_scale, causal, kernel, variant)
+    launch.remember(plan_key, launched, params, out, lse)
     return out, lse
 
 
@@ -499,7 +509,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float, causa
     if params.workspace is not None and params.workspace % _WORKSPACE_ALIGN_BYTES != 0:  # not an assert: -O
         raise RuntimeError(f"fa3gen: the backward workspace at 0x{params.workspace:x} is not "
                            f"{_WORKSPACE_ALIGN_BYTES}-byte aligned (torch's caching allocator gives 512)")
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = launch.current_stream(q.device)
     _on_device(q.device, lambda: kernel.bwd(params, stream))
 
 
@@ -652,13 +662,13 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 def _eager_fast_path(*tensors: torch.Tensor | None) -> bool:
     """True for a plain eager call: no compilation, tracing or dispatch/function modes (which must
-    see the op), no autograd, plain tensors only."""
+    see the op), no autograd, plain tensors only (anything else goes to the checks' errors)."""
+    if not all(t is None or type(t) is torch.Tensor for t in tensors):
+        return False
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None \
             or torch._C._is_torch_function_mode_enabled():
         return False
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return False
-    return all(t is None or type(t) is torch.Tensor for t in tensors)
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
 
 
 def flash_attn_func(
@@ -704,15 +714,24 @@ def flash_attn_func(
     forward (window_size, softcap, alibi_slopes; no gradient for the slopes). A nonzero gradient
     flowing into lse raises NotImplementedError (eager mode).
     """
+    eager = _eager_fast_path(q, k, v, alibi_slopes)
+    plan_key = launch.plan_key(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes) if eager else None
+    plan = launch.plan_for(plan_key)
+    if plan is not None and (result := plan.run(q, k, v)) is not None:
+        # An eager call of a signature validated before: its plan (fa3gen.launch) repeats the
+        # launch with this call's pointers, without the checks and packing (~30 us of Python).
+        out, lse = result
+        return (out, lse) if return_lse else out
     _check_meta(q, k, v)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     variant = VariantArgs(tuple(window_size), softcap, alibi_slopes)
     variant.check()
-    if _eager_fast_path(q, k, v, alibi_slopes):
+    if eager:
         # Plain eager call: the implementation directly. The custom op's dispatch costs 15-30 us a
         # call, as much as a short kernel runs; graphs, autograd and tensor subclasses keep the op.
-        out, lse = _forward_impl(q, k, v, float(softmax_scale), bool(causal), None, variant, meta_checked=True)
+        out, lse = _forward_impl(q, k, v, float(softmax_scale), bool(causal), None, variant, meta_checked=True,
+                                 plan_key=plan_key)
     else:
         left, right = (int(w) for w in window_size)
         out, lse = torch.ops.fa3gen.fwd(q, k, v, float(softmax_scale), bool(causal), left, right,

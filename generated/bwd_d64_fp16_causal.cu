@@ -12,6 +12,7 @@
 // accumulator with one bulk reduction.
 // No torch headers: the library speaks the C ABI of fa3gen/abi.h.
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // WGMMA N of any multiple of 8, e.g. 48 (hdim 96 dQ halves)
+#include "fa3gen/tensor_map.cuh"  // before CUTLASS: how it reaches the TMA encoder
 #include <cmath>
 #include <cuda_runtime.h>
 #include <math_constants.h>

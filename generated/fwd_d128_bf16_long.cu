@@ -6,6 +6,7 @@
 // 1..2 each own 64 query rows and run S = Q·Kᵀ and O += P·V on WGMMA with the
 // online softmax in fp32 between them. No torch headers: the library speaks the C ABI of fa3gen/abi.h.
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // WGMMA N of any multiple of 8, e.g. 80, 112, 176
+#include "fa3gen/tensor_map.cuh"  // before CUTLASS: how it reaches the TMA encoder
 #include <atomic>
 #include <cmath>
 #include <cuda_runtime.h>
@@ -442,7 +443,8 @@ extern "C" int fa3gen_abi_version(void) { return FA3GEN_ABI_VERSION; }
 
 extern "C" const char* fa3gen_spec_json(void) { return R"FA3GEN_SPEC({"alibi":false,"block_m":128,"block_n":176,"causal":false,"deterministic":false,"dtype":"bf16","epilogue":"direct","head_dim":128,"head_dim_v":128,"inter_tile_overlap":false,"intra_wg_overlap":true,"kind":"fwd","mask_mod":null,"num_consumer_warpgroups":2,"out_dtype":"bf16","params":[],"pingpong":false,"q_buffers":1,"scheduler":"static","score_mod":null,"softcap":false,"stages":2,"window":false})FA3GEN_SPEC"; }
 
-// The lpt scheduler's tile counter; the other schedulers need no scratch.
+// The lpt scheduler's tile counter (zero between launches: the kernel resets it); the other
+// schedulers need no scratch.
 constexpr int kWorkspaceBytes = 0;
 extern "C" int fa3gen_fwd_workspace_bytes(void) { return kWorkspaceBytes; }
 

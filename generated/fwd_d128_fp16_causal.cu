@@ -6,6 +6,7 @@
 // 1..2 each own 64 query rows and run S = Q·Kᵀ and O += P·V on WGMMA with the
 // online softmax in fp32 between them. No torch headers: the library speaks the C ABI of fa3gen/abi.h.
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // WGMMA N of any multiple of 8, e.g. 80, 112, 176
+#include "fa3gen/tensor_map.cuh"  // before CUTLASS: how it reaches the TMA encoder
 #include <atomic>
 #include <cmath>
 #include <cuda_runtime.h>
@@ -133,7 +134,7 @@ struct KernelParams {
   int32_t batch, seqlen_q, seqlen_k, nheads_q, nheads_kv;
   float softmax_scale;
   float scale_log2;
-  int* tile_counter;       // zeroed before the launch; CTAs claim tiles gridDim.x, gridDim.x + 1, ...
+  int* tile_counter;       // zero at the launch, and zero again after it; CTAs claim tiles gridDim.x, gridDim.x + 1, ...
   int heads_per_l2_group;  // (batch, head) pairs whose K/V share L2 while their tiles run
   VariantParams variant;
 };
@@ -156,7 +157,14 @@ struct TileScheduler {
 
   __device__ int first_tile() const { return int(blockIdx.x); }
   // Claims the next tile; the producer alone calls it and hands the result to the consumers.
-  __device__ int next_tile(KernelParams const& p, int) const { return int(gridDim.x) + atomicAdd(p.tile_counter, 1); }
+  // A launch makes num_tiles claims in all (every CTA stops at its first failed claim), so the
+  // claim that returns num_tiles - 1 is the counter's last use: it zeroes the counter for the next
+  // launch, which spares the host a memset per call.
+  __device__ int next_tile(KernelParams const& p, int) const {
+    int const claim = atomicAdd(p.tile_counter, 1);
+    if (claim == num_tiles - 1) { atomicExch(p.tile_counter, 0); }
+    return int(gridDim.x) + claim;
+  }
 
   __device__ TileCoord coord(KernelParams const& p, int tile) const {
     int const tiles_per_group = heads_per_group * num_m_blocks;
@@ -570,7 +578,8 @@ extern "C" int fa3gen_abi_version(void) { return FA3GEN_ABI_VERSION; }
 
 extern "C" const char* fa3gen_spec_json(void) { return R"FA3GEN_SPEC({"alibi":false,"block_m":128,"block_n":128,"causal":true,"deterministic":false,"dtype":"fp16","epilogue":"tma","head_dim":128,"head_dim_v":128,"inter_tile_overlap":true,"intra_wg_overlap":true,"kind":"fwd","mask_mod":null,"num_consumer_warpgroups":2,"out_dtype":"fp16","params":[],"pingpong":true,"q_buffers":2,"scheduler":"lpt","score_mod":null,"softcap":false,"stages":2,"window":false})FA3GEN_SPEC"; }
 
-// The lpt scheduler's tile counter; the other schedulers need no scratch.
+// The lpt scheduler's tile counter (zero between launches: the kernel resets it); the other
+// schedulers need no scratch.
 constexpr int kWorkspaceBytes = 16;
 extern "C" int fa3gen_fwd_workspace_bytes(void) { return kWorkspaceBytes; }
 
@@ -609,9 +618,6 @@ extern "C" int fa3gen_fwd(const Fa3genFwdParams* a, void* stream) {
   int64_t const kv_bytes_per_head = int64_t(a->seqlen_k) * (kHeadDim + kHeadDimV) * int64_t(sizeof(Element));
   int64_t const group = (int64_t(l2_bytes) / 2) * (a->nheads_q / a->nheads_kv) / kv_bytes_per_head;
   p.heads_per_l2_group = int(max<int64_t>(1, min<int64_t>(group, int64_t(a->nheads_q) * a->batch)));
-  if (cudaError_t err = cudaMemsetAsync(a->workspace, 0, sizeof(int), static_cast<cudaStream_t>(stream)); err != cudaSuccess) {
-    return err;
-  }
   fwd_kernel<<<grid, kThreads, sizeof(SharedStorage), static_cast<cudaStream_t>(stream)>>>(p);
   return cudaGetLastError();
 }

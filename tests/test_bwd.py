@@ -263,7 +263,7 @@ def test_bwd_struct_field_order_is_the_headers():
 
 def test_abi_constants_match_the_header(c_layout):
     lines = dict(line.split(" ", 1) for line in c_layout.splitlines() if line.split()[0] in ("version", "limits"))
-    assert int(lines["version"]) == abi.ABI_VERSION == 6
+    assert int(lines["version"]) == abi.ABI_VERSION == 7
     assert tuple(map(int, lines["limits"].split())) == (abi.MAX_SCALAR_ARGS, abi.MAX_TENSOR_ARGS,
                                                         abi.MAX_TENSOR_DIMS)
 
@@ -545,7 +545,7 @@ def cpu_ops(monkeypatch):
     """Both implementations routed to the reference (validation kept); records the backward calls."""
     calls = []
 
-    def forward(q, k, v, softmax_scale, causal, kernel=None, variant=ops.NO_VARIANT, meta_checked=False):
+    def forward(q, k, v, softmax_scale, causal, kernel=None, variant=ops.NO_VARIANT, meta_checked=False, plan_key=None):
         ops._check_meta(q, k, v)
         out, lse = attention_reference(q, k, v, softmax_scale, causal, window_size=variant.window_size,
                                        softcap=variant.softcap, alibi_slopes=variant.alibi_slopes)

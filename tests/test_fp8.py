@@ -417,9 +417,9 @@ def test_fwd_params_end_with_three_descales():
     assert "q_descale" not in [name for name, _ in abi.BwdParams._fields_]
 
 
-def test_abi_version_is_6():
-    assert abi.ABI_VERSION == 6
-    assert re.search(r"^#define FA3GEN_ABI_VERSION 6$", ABI_H.read_text(), re.M)
+def test_abi_version_is_7():
+    assert abi.ABI_VERSION == 7
+    assert re.search(r"^#define FA3GEN_ABI_VERSION 7$", ABI_H.read_text(), re.M)
 
 
 # ---- prepare() -------------------------------------------------------------------------------

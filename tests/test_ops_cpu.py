@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fa3gen import ops
+from fa3gen import launch, ops
 from fa3gen.bench import attn_fwd_flops, bench_cases, _int_list
 from fa3gen.reference import attention_reference, causal_mask
 
@@ -32,7 +32,7 @@ def cpu_op(monkeypatch):
     """Route the op's real implementation to the reference on CPU (validation kept)."""
     calls = []
 
-    def impl(q, k, v, softmax_scale, causal, kernel=None, variant=ops.NO_VARIANT, meta_checked=False):
+    def impl(q, k, v, softmax_scale, causal, kernel=None, variant=ops.NO_VARIANT, meta_checked=False, plan_key=None):
         ops._check_meta(q, k, v)
         calls.append((tuple(q.shape), softmax_scale, causal))
         out, lse = attention_reference(q, k, v, softmax_scale, causal, window_size=variant.window_size,
@@ -289,9 +289,9 @@ class _Recorder:
         return K()
 
 
-def test_kernel_selection_memo_and_params(monkeypatch):
-    """_launch picks default_spec(d, dv, dtype, causal, ..., seqlen_q bucket), compiles once per
-    bucket, fills FwdParams."""
+def _recording_kernels(monkeypatch) -> _Recorder:
+    """fa3gen.compile and the registry replaced by a recorder, the device and GPU checks passed for
+    CPU tensors, fresh memos: _launch runs through ops and fa3gen.launch down to kernel.fwd."""
     import fa3gen
 
     rec = _Recorder()
@@ -300,10 +300,20 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     monkeypatch.setattr(fa3gen, "registry", fake_registry, raising=False)
     monkeypatch.setattr(fa3gen, "compile", rec.compile, raising=False)
     monkeypatch.setattr(ops, "_KERNELS", {})
-    monkeypatch.setattr(torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(launch, "_FWD_WORKSPACES", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(ops, "_check_device", lambda q, k, v: None)
+    monkeypatch.setattr(ops, "_check_gpu", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # "same device" as the CPU tensors
-    monkeypatch.setattr(torch.cuda, "current_stream",
-                        lambda d=None: types.SimpleNamespace(cuda_stream=1234))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: types.SimpleNamespace(cuda_stream=1234))
+    return rec
+
+
+def test_kernel_selection_memo_and_params(monkeypatch):
+    """_launch picks default_spec(d, dv, dtype, causal, ..., seqlen_q bucket), compiles once per
+    bucket, fills FwdParams."""
+    rec = _recording_kernels(monkeypatch)
     packed = torch.randn(2, 9, 3, 4, 64, dtype=torch.bfloat16)
     q, k, v = packed[:, :, 0], packed[:, :, 1, :2], packed[:, :, 2, :2]
     out = torch.empty(2, 9, 4, 64, dtype=torch.bfloat16)
@@ -321,11 +331,71 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     assert (p.o_batch_stride, p.o_row_stride, p.o_head_stride) == (9 * 4 * 64, 4 * 64, 64)
     assert (p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv) == (2, 9, 9, 4, 2)
     assert p.softmax_scale == pytest.approx(0.3)
-    assert p.workspace  # a pointer to the scratch the kernel asked for
+    # The scratch the kernel asked for: zeroed once, then shared by the stream's launches.
+    assert p.workspace and p.workspace == rec.params[0][0].workspace
+    (workspace,) = launch._FWD_WORKSPACES.values()
+    assert workspace.data_ptr() == p.workspace and workspace.numel() >= 16 and not workspace.any()
     long_q = torch.randn(1, 3000, 4, 64, dtype=torch.bfloat16)
     ops._launch(long_q, long_q[:, :, :2], long_q[:, :, :2], torch.empty_like(long_q), torch.empty(1, 4, 3000),
                 0.3, True)
     assert rec.specs[-1] == ("spec", 64, 64, "bf16", True, False, False, False, None)  # the default tiles
+
+
+def _without_pointers(p) -> bytes:
+    p = type(p).from_buffer_copy(p)
+    p.q = p.k = p.v = p.o = p.lse = None
+    return bytes(p)
+
+
+def test_eager_calls_reuse_their_plan(monkeypatch):
+    """A second eager call of the same signature launches from the first one's plan: same packed
+    parameters with its own pointers, no checks run again; another shape, another option or a
+    misaligned pointer takes the full path (with its errors)."""
+    rec = _recording_kernels(monkeypatch)
+    q, k, v = qkv(b=2, sq=40, sk=56, hq=4, hkv=2, d=64)
+    out1, lse1 = ops.flash_attn_func(q, k, v, causal=True, window_size=(8, -1), return_lse=True)
+    checks = []
+    real_check_meta = ops._check_meta
+    monkeypatch.setattr(ops, "_check_meta", lambda *a: (checks.append(a), real_check_meta(*a)))
+    q2, k2, v2 = qkv(b=2, sq=40, sk=56, hq=4, hkv=2, d=64)
+    out2, lse2 = ops.flash_attn_func(q2, k2, v2, causal=True, window_size=(8, -1), return_lse=True)
+    assert checks == [] and len(rec.specs) == 1 and len(rec.params) == 2
+    (p1, s1), (p2, s2) = rec.params
+    assert s1 == s2 == 1234 and _without_pointers(p1) == _without_pointers(p2)
+    assert (p2.q, p2.k, p2.v, p2.o, p2.lse) == (q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), out2.data_ptr(),
+                                                lse2.data_ptr())
+    assert p1.workspace and p2.workspace == p1.workspace
+    assert out2.shape == out1.shape and out2.dtype == out1.dtype and lse2.shape == lse1.shape
+    # Another option, another shape: the full path, checks included.
+    ops.flash_attn_func(q2, k2, v2, causal=False, window_size=(8, -1))
+    ops.flash_attn_func(q2[:, :20], k2, v2, causal=True, window_size=(8, -1))
+    assert len(checks) == 2 and len(rec.params) == 4
+    # (-1.0, -1) hashes like (-1, -1) but is not a window the checks accept.
+    ops.flash_attn_func(q2, k2, v2, causal=True)
+    with pytest.raises(ValueError, match="window_size must be two ints"):
+        ops.flash_attn_func(q2, k2, v2, causal=True, window_size=(-1.0, -1))
+    # Same shape and strides, pointer 2 bytes off: the full path's alignment error.
+    flat = torch.randn(q2.numel() + 8, dtype=q2.dtype)
+    shifted = flat[1:1 + q2.numel()].view(q2.shape)
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        ops.flash_attn_func(shifted, k2, v2, causal=True, window_size=(8, -1))
+
+
+def test_fwd_workspace_per_stream_and_per_capture(monkeypatch):
+    """One zeroed scratch per (device, stream), reused (the kernels leave it zeroed); a launch
+    being captured gets its own, zeroed in the graph; none for 0 bytes."""
+    monkeypatch.setattr(launch, "_FWD_WORKSPACES", {})
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cpu = torch.device("cpu")
+    a, b = launch.fwd_workspace(16, cpu, 1), launch.fwd_workspace(16, cpu, 2)
+    assert a.data_ptr() != b.data_ptr() and not a.any() and not b.any()
+    assert launch.fwd_workspace(16, cpu, 1) is a
+    assert launch.fwd_workspace(4096, cpu, 1).numel() >= 4096  # a larger ask replaces it
+    assert launch.fwd_workspace(0, cpu, 1) is None
+    capturing[0] = True
+    c, d = launch.fwd_workspace(16, cpu, 1), launch.fwd_workspace(16, cpu, 1)
+    assert c.data_ptr() != d.data_ptr() and not c.any() and c is not launch._FWD_WORKSPACES[(None, 1)]
 
 
 def _fake_cuda_device(monkeypatch):

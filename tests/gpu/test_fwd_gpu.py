@@ -243,6 +243,65 @@ def test_fwd_causal_lpt_several_l2_groups(dt):
     check_against_reference(q, k, v, 1 / math.sqrt(128), True, dt)
 
 
+def test_lpt_tile_counter_between_launches():
+    """The causal (lpt) kernels share one tile counter per stream, which each launch leaves zeroed:
+    back-to-back launches with different tile counts on one stream, and launches on two streams at
+    once, each with its own counter, must all compute every tile. Nothing synchronizes between
+    the launches; each writes into NaN-poisoned outputs."""
+    from gpu_checks import check_poisoned_outputs
+
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    problems = [(2, 1000, 1000, 8, 2), (1, 300, 4100, 16, 4), (3, 2048, 2048, 4, 4), (1, 64, 64, 2, 1)]
+    inputs = [make_inputs(b, sq, sk, hq, hkv, 128, 128, torch.bfloat16, "contiguous", gen)
+              for b, sq, sk, hq, hkv in problems]
+    scale = 1 / math.sqrt(128)
+    streams = [torch.cuda.current_stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    launched = []
+    for round_ in range(3):
+        for i, (q, k, v) in enumerate(inputs):
+            with torch.cuda.stream(streams[(i + round_) % 2]):
+                b, sq, hq, _ = q.shape
+                out = torch.full((b, sq, hq, 128), float("nan"), device="cuda", dtype=q.dtype)
+                lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
+                ops._launch(q, k, v, out, lse, scale, True)
+                launched.append((i, out, lse))
+    torch.cuda.synchronize()
+    references = [attention_reference(q, k, v, scale, True) for q, k, v in inputs]
+    for i, out, lse in launched:
+        ref, ref_lse = references[i]
+        check_poisoned_outputs(out, lse, ref, ref_lse, 1e-2, 1e-3, f"problem {problems[i]}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_repeated_signature_runs_from_its_plan(causal):
+    """Calls of one signature after the first launch from its plan (fa3gen.launch) with their own
+    pointers: every call is right for its own inputs, into outputs of its own; a view whose pointer
+    is not 16-byte aligned still gets the alignment error."""
+    from gpu_checks import check_poisoned_outputs
+
+    from fa3gen import launch
+
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    shape = (2, 700, 900, 8, 2)
+    calls = [make_inputs(*shape, 128, 128, torch.bfloat16, "contiguous", gen) for _ in range(3)]
+    results = []
+    for q, k, v in calls:
+        poison_allocator(((2, 700, 8, 128), torch.bfloat16), ((2, 8, 700), torch.float32))
+        results.append(flash_attn_func(q, k, v, causal=causal, return_lse=True))
+    assert launch.plan_for(launch.plan_key(*calls[0], None, causal, (-1, -1), 0.0, None)) is not None
+    assert len({out.data_ptr() for out, _ in results}) == 3
+    torch.cuda.synchronize()
+    for (q, k, v), (out, lse) in zip(calls, results):
+        ref, ref_lse = attention_reference(q, k, v, 1 / math.sqrt(128), causal)
+        check_poisoned_outputs(out, lse, ref, ref_lse, 1e-2, 1e-3, f"causal={causal}")
+    q, k, v = calls[0]
+    flat = torch.empty(q.numel() + 8, dtype=q.dtype, device="cuda")
+    shifted = flat[1:1 + q.numel()].view(q.shape)
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        flash_attn_func(shifted, k, v, causal=causal)
+
+
 def test_fwd_head_dim_v_differs():
     import fa3gen
 

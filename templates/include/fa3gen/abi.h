@@ -3,7 +3,7 @@
 #pragma once
 #include <stdint.h>
 
-#define FA3GEN_ABI_VERSION 6
+#define FA3GEN_ABI_VERSION 7
 #define FA3GEN_MAX_SCALAR_ARGS 8
 #define FA3GEN_MAX_TENSOR_ARGS 8
 #define FA3GEN_MAX_TENSOR_DIMS 4
@@ -49,7 +49,8 @@ typedef struct Fa3genFwdParams {
   int32_t batch, seqlen_q, seqlen_k, nheads_q, nheads_kv;
   float softmax_scale;
   // Device scratch of at least fa3gen_fwd_workspace_bytes() bytes (NULL when that is 0), 16-byte
-  // aligned, used by this launch only. The library initializes it on `stream` itself.
+  // aligned: zeroed before its first launch, and every launch leaves it zeroed, so the caller keeps
+  // one per stream and zeroes it once. Launches that may run at the same time need their own.
   void* workspace;
   Fa3genVariantParams variant;
   // e4m3 kernels only: the inputs' descaling factors. Their v is laid out (batch, nheads, head_dim,
