@@ -353,14 +353,14 @@ def _alloc_workspace(nbytes: int, device: torch.device) -> torch.Tensor | None:
     return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
 
 
-def _on_device(device: torch.device, launch: Callable[[], None]) -> None:
-    """Runs `launch` with `device` current (the libraries size and launch on the current device),
+def _on_device(device: torch.device, run: Callable[[], None]) -> None:
+    """Calls `run` with `device` current (the libraries size and launch on the current device),
     without the switch (~10 us) in the common case that it already is."""
     if device.index == torch.cuda.current_device():
-        launch()
+        run()
         return
     with torch.cuda.device(device):
-        launch()
+        run()
 
 
 def _attach_workspace(params: FwdParams, workspace_bytes: int, device: torch.device,
