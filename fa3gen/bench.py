@@ -112,6 +112,20 @@ def error_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def cuda_graph_of(fn: Callable[[], Any], calls: int) -> Callable[[], None]:
+    """A CUDA graph of `calls` back-to-back calls of fn, as a function that replays it: timed
+    against eager calls, it takes the host's per-call cost out (a replay launches them all)."""
+    import torch
+
+    fn()  # compile/load before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
 def time_cuda_ms(fn: Callable[[], Any], warmup: int, reps: int, min_rep_ms: float) -> float:
     """Median milliseconds per call of fn, CUDA events around batches of back-to-back calls."""
     ms = time_cuda_ms_interleaved({"fn": fn}, warmup, reps, min_rep_ms)["fn"]

@@ -33,13 +33,16 @@ REGISTRY: dict[str, KernelSpec] = {
 #   softmax's share per key: s16k 594 -> 630, s4k 575 -> 578, but s512 435 -> 386, s1k 512 -> 481.
 # - hdim 128, causal: past 4k, 176-key blocks with O staged in the V buffer: s8k 555 -> 566,
 #   s16k 555 -> 601 (s4k 533 -> 508, s512 295 -> 239).
-# - hdim 256 takes its default 80-key blocks at every length since O is staged in the V buffer
-#   (48-key blocks with O's own staging tile, and causal 64-key ones, lost: s512 448 vs 466,
-#   causal 299 vs 309).
+# - hdim 256, up to 512 queries: 64-key blocks (O staged in the V buffer) instead of the default
+#   80, whose last block of a 512-key row is 60% padding. s512, as CUDA-graph replays: 490 -> 495,
+#   causal 314 -> 321; eager: 456 -> 476, causal 293 -> 302. From 1k on 80 keys win (graphs: s1k
+#   611 vs 567, causal 418 vs 404; s2k 673 vs 613).
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
     (64, True): (1024, {"block_m": 128, "block_n": 128}, {}),
     (128, False): (2048, {}, {"block_n": 176, "epilogue": "direct"}),
     (128, True): (4096, {}, {"block_n": 176, "epilogue": "tma_v"}),
+    (256, False): (512, {"block_n": 64}, {}),
+    (256, True): (512, {"block_n": 64}, {}),
 }
 
 

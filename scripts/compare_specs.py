@@ -4,9 +4,11 @@ For each (dtype, head_dim, causal) group of the given specs and each seqlen (16k
 2048), every spec's kernel and both peers run on the same inputs with the bench's CUDA-event
 timer, interleaved (median of rounds that each run every implementation once, in rotated
 order); each kernel's output is checked against cuDNN's first. A quick way to choose
-between tiles or switches by measurement.
+between tiles or switches by measurement. --graph times every implementation as replays of a
+CUDA graph of 10 calls instead, which takes the host's per-call cost out (a custom spec's
+kernel(q, k, v) runs the full checks every call, where flash_attn_func reuses a launch plan).
 
-Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] SPEC_JSON [SPEC_JSON ...]
+Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] [--graph] SPEC_JSON [SPEC_JSON ...]
        python scripts/compare_specs.py @specs.jsonl   # one spec JSON per line
 """
 
@@ -22,19 +24,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
-from fa3gen.bench import _fwd_fns, attn_fwd_flops, bench_cases, time_cuda_ms_interleaved  # noqa: E402
+from fa3gen.bench import _fwd_fns, attn_fwd_flops, bench_cases, cuda_graph_of, time_cuda_ms_interleaved  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CALLS_PER_GRAPH = 10
 
 
-def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5, reps: int = 20) -> int:
+def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5, reps: int = 20,
+            graph: bool = False) -> int:
     failures = 0
     key = lambda s: (s.dtype, s.head_dim, s.causal)  # noqa: E731
     for (dt, d, causal), group in groupby(sorted(specs, key=key), key=key):
         group = list(group)
         kernels = [fa3gen.compile(s) for s in group]
         names = [s.name for s in group]
-        print(f"\n### {dt} d{d} {'causal' if causal else 'full'} (TFLOP/s; ratio to the best peer)")
+        how = f", CUDA graphs of {CALLS_PER_GRAPH} calls" if graph else ""
+        print(f"\n### {dt} d{d} {'causal' if causal else 'full'} (TFLOP/s{how}; ratio to the best peer)")
         print("| seqlen | cuDNN | FA2 | " + " | ".join(names) + " |")
         print("|---" * (3 + len(names)) + "|")
         for _, s, b, h, _ in bench_cases([d], seqlens, [causal]):
@@ -52,8 +57,11 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
                     failures += 1
                     print(f"MISMATCH {kernel.spec.name} s{s}: max abs diff vs cuDNN {diff:.1e}", flush=True)
                 fns[kernel.spec.name] = fn
+            calls = CALLS_PER_GRAPH if graph else 1
+            if graph:
+                fns = {name: cuda_graph_of(fn, calls) for name, fn in fns.items()}
             ms = time_cuda_ms_interleaved(fns, warmup, reps, 2.0)
-            tflops = {name: flops / t / 1e9 for name, t in ms.items()}
+            tflops = {name: flops * calls / t / 1e9 for name, t in ms.items()}
             best = max(tflops["cudnn"], tflops["flash"])
             cells = [f"{tflops[name]:.1f} ({tflops[name] / best:.2f}x)" for name in names]
             print(f"| {s} | {tflops['cudnn']:.1f} | {tflops['flash']:.1f} | " + " | ".join(cells) + " |", flush=True)
@@ -63,10 +71,11 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,16384")
+    parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host cost per call)")
     parser.add_argument("specs", nargs="+", help="spec JSON")
     args = parser.parse_args(argv)
     specs = [fa3gen.KernelSpec.from_json(s) for s in args.specs]
-    return compare(specs, [int(x) for x in args.seqlens.split(",")])
+    return compare(specs, [int(x) for x in args.seqlens.split(",")], graph=args.graph)
 
 
 if __name__ == "__main__":

@@ -15,19 +15,9 @@ import math
 
 import torch
 
-from fa3gen.bench import _fwd_fns, attn_fwd_flops, bench_cases, time_cuda_ms_interleaved
+from fa3gen.bench import _fwd_fns, attn_fwd_flops, bench_cases, cuda_graph_of, time_cuda_ms_interleaved
 
 CALLS_PER_GRAPH = 10
-
-
-def graph_of(fn) -> torch.cuda.CUDAGraph:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            fn()
-    return graph
 
 
 def main() -> None:
@@ -42,7 +32,7 @@ def main() -> None:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         peers, _ = _fwd_fns(q, k, v, 1 / math.sqrt(d), causal)  # the bench's fa3gen and cuDNN calls
         fns = {f"{name} eager": peers[name] for name in ("fa3gen", "cudnn")}
-        fns.update({f"{name} graph": graph_of(peers[name]).replay for name in ("fa3gen", "cudnn")})
+        fns.update({f"{name} graph": cuda_graph_of(peers[name], CALLS_PER_GRAPH) for name in ("fa3gen", "cudnn")})
         ms = time_cuda_ms_interleaved(fns, 5, 20, 2.0)
         flops = attn_fwd_flops(b, h, s, s, d, causal)
         tflops = {n: flops * (CALLS_PER_GRAPH if "graph" in n else 1) / t / 1e9 for n, t in ms.items()}
