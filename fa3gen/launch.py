@@ -2,8 +2,9 @@
 stream, and launch plans per call signature.
 
 A short attention kernel runs for about as long as the Python that validates its inputs and packs
-its parameters, so the eager ``flash_attn_func`` remembers, per call signature (shapes, strides,
-dtypes, device and options), what a validated call computed: the kernel, the packed parameters
+its parameters, so the eager ``flash_attn_func`` (and a custom spec's ``kernel(q, k, v)`` with
+scalar params) remembers, per call signature (shapes, strides, dtypes, device, options, and the
+kernel and its params), what a validated call computed: the kernel, the packed parameters
 without the pointers, and the output shapes. A later call with that signature copies the packed
 parameters, fills in this call's pointers, allocates the outputs and launches. The signature
 holds everything the checks read except the data pointers, whose alignment a plan checks per call.
@@ -101,14 +102,29 @@ class LaunchPlan:
 _PLANS: dict[Hashable, LaunchPlan] = {}
 
 
+def _scalar_params(params: dict[str, Any]) -> tuple[tuple[str, type, Any], ...] | None:
+    """A custom spec's param values as part of a signature (with their types: 1 and 1.0 hash
+    alike, and an int32 param rejects 1.0), or None when one is not a plain int or float (a
+    tensor has its own checks and pointer)."""
+    if any(type(value) not in (int, float) for value in params.values()):
+        return None
+    return tuple(sorted((name, type(value), value) for name, value in params.items()))
+
+
 def plan_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
-             alibi_slopes: Any) -> Hashable | None:
+             alibi_slopes: Any, kernel: Any = None, params: dict[str, Any] | None = None) -> Hashable | None:
     """The call signature a plan is kept under, or None for a call that gets no plan: tensors of
     a subclass, ALiBi slopes (a tensor of their own to check), options of other types than the
-    plain ones (whose conversion the full path does, errors included)."""
+    plain ones (whose conversion the full path does, errors included). A custom spec's call
+    (``kernel(q, k, v, **params)``) adds its kernel and its params, scalars only."""
     if alibi_slopes is not None or not (type(q) is torch.Tensor and type(k) is torch.Tensor
                                         and type(v) is torch.Tensor):
         return None
+    scalars = _scalar_params(params or {})
+    if scalars is None:
+        return None
+    # By identity: the plan keeps its kernel alive, so the id is not reused while the plan is kept.
+    kernel_id = id(kernel) if kernel is not None else None
     if type(causal) is not bool or type(softcap) not in (float, int) \
             or not (softmax_scale is None or type(softmax_scale) in (float, int)):
         return None
@@ -117,11 +133,19 @@ def plan_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_siz
             or type(window_size[1]) is not int:
         return None
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, softmax_scale, causal, window_size, softcap)
+            q.device, k.device, v.device, softmax_scale, causal, window_size, softcap, kernel_id, scalars)
 
 
 def plan_for(key: Hashable | None) -> LaunchPlan | None:
     return _PLANS.get(key) if key is not None else None
+
+
+def run_planned(key: Hashable | None, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(out, lse) from the plan of this signature, or None: no plan yet, or the call needs the
+    full path (LaunchPlan.run)."""
+    plan = plan_for(key)
+    return plan.run(q, k, v) if plan is not None else None
 
 
 def remember(key: Hashable | None, kernel: Any, params: FwdParams, out: torch.Tensor, lse: torch.Tensor) -> None:

@@ -453,10 +453,16 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Same layout, validation and conventions as ``flash_attn_func``; causal comes from the spec.
     The spec's built-in variants take their values here (``window_size``, ``softcap``,
     ``alibi_slopes``), and its declared params by name (``kernel(q, k, v, bias=t, alpha=0.5)``).
-    Not a registered custom op (``torch.compile`` sees a graph break); use ``flash_attn_func``
+    As in ``flash_attn_func``, an eager call of a signature launched before (scalar params only)
+    reuses that call's launch plan (``fa3gen.launch``). Not a registered custom op (``torch.compile`` sees a graph break); use ``flash_attn_func``
     for the registry kernels inside compiled graphs.
     """
     spec = kernel.spec
+    plan_key = launch.plan_key(q, k, v, softmax_scale, spec.causal, window_size, softcap, alibi_slopes, kernel,
+                               params) if _eager_fast_path(q, k, v, alibi_slopes) else None
+    if (result := launch.run_planned(plan_key, q, k, v)) is not None:  # as in flash_attn_func
+        out, lse = result
+        return (out, lse) if return_lse else out
     _check_meta(q, k, v)
     want = _DTYPES[q.dtype]
     if (want, q.shape[-1], v.shape[-1]) != (spec.dtype, spec.head_dim, spec.head_dim_v):
@@ -467,7 +473,7 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     variant = VariantArgs(tuple(window_size), softcap, alibi_slopes, dict(params))
     variant.check(spec)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    out, lse = _forward_impl(q, k, v, scale, spec.causal, kernel, variant)
+    out, lse = _forward_impl(q, k, v, scale, spec.causal, kernel, variant, meta_checked=True, plan_key=plan_key)
     return (out, lse) if return_lse else out
 
 
@@ -716,8 +722,7 @@ def flash_attn_func(
     """
     eager = _eager_fast_path(q, k, v, alibi_slopes)
     plan_key = launch.plan_key(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes) if eager else None
-    plan = launch.plan_for(plan_key)
-    if plan is not None and (result := plan.run(q, k, v)) is not None:
+    if (result := launch.run_planned(plan_key, q, k, v)) is not None:
         # An eager call of a signature validated before: its plan (fa3gen.launch) repeats the
         # launch with this call's pointers, without the checks and packing (~30 us of Python).
         out, lse = result

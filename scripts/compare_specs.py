@@ -5,8 +5,7 @@ For each (dtype, head_dim, causal) group of the given specs and each seqlen (16k
 timer, interleaved (median of rounds that each run every implementation once, in rotated
 order); each kernel's output is checked against cuDNN's first. A quick way to choose
 between tiles or switches by measurement. --graph times every implementation as replays of a
-CUDA graph of 10 calls instead, which takes the host's per-call cost out (a custom spec's
-kernel(q, k, v) runs the full checks every call, where flash_attn_func reuses a launch plan).
+CUDA graph of 10 calls instead, which takes the host's per-call cost out: the kernels alone.
 
 Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] [--graph] SPEC_JSON [SPEC_JSON ...]
        python scripts/compare_specs.py @specs.jsonl   # one spec JSON per line

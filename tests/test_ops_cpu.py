@@ -381,6 +381,38 @@ def test_eager_calls_reuse_their_plan(monkeypatch):
         ops.flash_attn_func(shifted, k2, v2, causal=True, window_size=(8, -1))
 
 
+def test_custom_kernel_calls_reuse_their_plan(monkeypatch):
+    """kernel(q, k, v, **params) of a custom spec: scalar params are part of the signature (with
+    their types: an int32 param still rejects 1.0 after a call with 1); a tensor param gets no
+    plan (its own checks and pointer every call)."""
+    from fa3gen import KernelSpec
+
+    _recording_kernels(monkeypatch)
+    launched = []
+    spec = KernelSpec(head_dim=64, score_mod={"expr": "score * gain + shift"},
+                      params=[{"kind": "scalar", "name": "gain"}, {"kind": "scalar", "name": "shift", "dtype": "int32"}])
+    kernel = types.SimpleNamespace(spec=spec, workspace_bytes=0, fwd=lambda p, s: launched.append(p))
+    checks = []
+    real_check_meta = ops._check_meta
+    monkeypatch.setattr(ops, "_check_meta", lambda *a: (checks.append(a), real_check_meta(*a)))
+    q, k, v = qkv(b=1, sq=8, sk=8, hq=2, hkv=2, d=64)
+    ops.run_kernel(kernel, q, k, v, gain=0.5, shift=1)
+    ops.run_kernel(kernel, *qkv(b=1, sq=8, sk=8, hq=2, hkv=2, d=64), gain=0.5, shift=1)
+    assert len(checks) == 1 and len(launched) == 2
+    assert _without_pointers(launched[0]) == _without_pointers(launched[1])
+    ops.run_kernel(kernel, q, k, v, gain=0.25, shift=1)  # another value: the full path, its own plan
+    assert len(checks) == 2 and launched[2].variant.float_args[0] == 0.25
+    with pytest.raises(ValueError, match="shift is a int32 scalar"):
+        ops.run_kernel(kernel, q, k, v, gain=0.5, shift=1.0)
+    tensor_spec = KernelSpec(head_dim=64, score_mod={"expr": "score + bias[0][kv_idx]"},
+                             params=[{"kind": "tensor", "name": "bias", "ndim": 2}])
+    tensor_kernel = types.SimpleNamespace(spec=tensor_spec, workspace_bytes=0, fwd=lambda p, s: launched.append(p))
+    bias = torch.zeros(1, 8)
+    for _ in range(2):
+        ops.run_kernel(tensor_kernel, q, k, v, bias=bias)
+    assert len(checks) == 5  # both tensor-param calls checked in full
+
+
 def test_fwd_workspace_per_stream_and_per_capture(monkeypatch):
     """One zeroed scratch per (device, stream), reused (the kernels leave it zeroed); a launch
     being captured gets its own, zeroed in the graph; none for 0 bytes."""
