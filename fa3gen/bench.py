@@ -112,7 +112,10 @@ def error_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def cuda_graph_of(fn: Callable[[], Any], calls: int) -> Callable[[], None]:
+CALLS_PER_GRAPH = 10  # what cuda_graph_of captures by default: enough to hide a replay's own launch
+
+
+def cuda_graph_of(fn: Callable[[], Any], calls: int = CALLS_PER_GRAPH) -> Callable[[], None]:
     """A CUDA graph of `calls` back-to-back calls of fn, as a function that replays it: timed
     against eager calls, it takes the host's per-call cost out (a replay launches them all)."""
     import torch

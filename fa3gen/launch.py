@@ -52,6 +52,15 @@ def fwd_workspace(nbytes: int, device: torch.device, stream: int) -> torch.Tenso
     return workspace
 
 
+def attach_workspace(params: FwdParams, workspace_bytes: int, device: torch.device,
+                     stream: int) -> torch.Tensor | None:
+    """The scratch the kernel asked for into params.workspace (``fwd_workspace``); the caller
+    keeps the returned tensor alive until the launch is queued."""
+    workspace = fwd_workspace(workspace_bytes, device, stream)
+    params.workspace = workspace.data_ptr() if workspace is not None else None
+    return workspace
+
+
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
@@ -92,9 +101,7 @@ class LaunchPlan:
         params = FwdParams.from_buffer_copy(self.params)
         params.q, params.k, params.v, params.o, params.lse = q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr()
         stream = current_stream(device)
-        workspace = fwd_workspace(self.kernel.workspace_bytes, device, stream)
-        if workspace is not None:
-            params.workspace = workspace.data_ptr()
+        _workspace_alive = attach_workspace(params, self.kernel.workspace_bytes, device, stream)
         self.kernel.fwd(params, stream)
         return out, lse
 
@@ -120,11 +127,6 @@ def plan_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_siz
     if alibi_slopes is not None or not (type(q) is torch.Tensor and type(k) is torch.Tensor
                                         and type(v) is torch.Tensor):
         return None
-    scalars = _scalar_params(params or {})
-    if scalars is None:
-        return None
-    # By identity: the plan keeps its kernel alive, so the id is not reused while the plan is kept.
-    kernel_id = id(kernel) if kernel is not None else None
     if type(causal) is not bool or type(softcap) not in (float, int) \
             or not (softmax_scale is None or type(softmax_scale) in (float, int)):
         return None
@@ -132,6 +134,11 @@ def plan_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_siz
     if type(window_size) is not tuple or len(window_size) != 2 or type(window_size[0]) is not int \
             or type(window_size[1]) is not int:
         return None
+    scalars = _scalar_params(params) if params else ()
+    if scalars is None:
+        return None
+    # By identity: the plan keeps its kernel alive, so the id is not reused while the plan is kept.
+    kernel_id = id(kernel) if kernel is not None else None
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
             q.device, k.device, v.device, softmax_scale, causal, window_size, softcap, kernel_id, scalars)
 

@@ -363,21 +363,12 @@ def _on_device(device: torch.device, run: Callable[[], None]) -> None:
         run()
 
 
-def _attach_workspace(params: FwdParams, workspace_bytes: int, device: torch.device,
-                      stream: int) -> torch.Tensor | None:
-    """The scratch the kernel asked for into params.workspace (``launch.fwd_workspace``); the
-    caller keeps the returned tensor alive until the launch is queued."""
-    workspace = launch.fwd_workspace(workspace_bytes, device, stream)
-    params.workspace = workspace.data_ptr() if workspace is not None else None
-    return workspace
-
-
 def _launch_params(workspace_bytes: int, q, k, v, out, lse, softmax_scale: float) -> tuple[FwdParams, torch.Tensor | None]:
     """FwdParams plus the scratch the kernel asked for, for launches on the current stream
     (``launch.fwd_workspace``)."""
     params = _make_params(q, k, v, out, lse, softmax_scale)
     stream = launch.current_stream(q.device)
-    return params, _attach_workspace(params, workspace_bytes, q.device, stream)
+    return params, launch.attach_workspace(params, workspace_bytes, q.device, stream)
 
 
 def _run_fwd(kernel: Any, params: FwdParams, variant: VariantArgs, q: torch.Tensor, k: torch.Tensor,
@@ -385,7 +376,7 @@ def _run_fwd(kernel: Any, params: FwdParams, variant: VariantArgs, q: torch.Tens
     """What every forward launch ends with: its scratch, the call's variant values, and the launch
     on q's device and current stream."""
     stream = launch.current_stream(q.device)
-    _workspace_alive = _attach_workspace(params, kernel.workspace_bytes, q.device, stream)
+    _workspace_alive = launch.attach_workspace(params, kernel.workspace_bytes, q.device, stream)
     _fill_variant(params, kernel, variant, q, k, causal)
     _on_device(q.device, lambda: kernel.fwd(params, stream))
 
@@ -420,8 +411,8 @@ def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = Non
                   variant: VariantArgs = NO_VARIANT, meta_checked: bool = False,
                   plan_key: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate, allocate, launch (the registry kernel, or `kernel`). Separate from the op so CPU
-    tests can route it. With a plan_key (an eager flash_attn_func call), the launch is kept as
-    that signature's plan (``fa3gen.launch``)."""
+    tests can route it. With a plan_key (an eager flash_attn_func or run_kernel call), the launch
+    is kept as that signature's plan (``fa3gen.launch``)."""
     if not meta_checked:
         _check_meta(q, k, v)
     _check_device(q, k, v)
@@ -454,8 +445,9 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     The spec's built-in variants take their values here (``window_size``, ``softcap``,
     ``alibi_slopes``), and its declared params by name (``kernel(q, k, v, bias=t, alpha=0.5)``).
     As in ``flash_attn_func``, an eager call of a signature launched before (scalar params only)
-    reuses that call's launch plan (``fa3gen.launch``). Not a registered custom op (``torch.compile`` sees a graph break); use ``flash_attn_func``
-    for the registry kernels inside compiled graphs.
+    reuses that call's launch plan (``fa3gen.launch``). Not a registered custom op
+    (``torch.compile`` sees a graph break); use ``flash_attn_func`` for the registry kernels
+    inside compiled graphs.
     """
     spec = kernel.spec
     plan_key = launch.plan_key(q, k, v, softmax_scale, spec.causal, window_size, softcap, alibi_slopes, kernel,

@@ -23,10 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
-from fa3gen.bench import _fwd_fns, attn_fwd_flops, bench_cases, cuda_graph_of, time_cuda_ms_interleaved  # noqa: E402
+from fa3gen.bench import (CALLS_PER_GRAPH, _fwd_fns, attn_fwd_flops, bench_cases, cuda_graph_of,  # noqa: E402
+                          time_cuda_ms_interleaved)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-CALLS_PER_GRAPH = 10
 
 
 def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5, reps: int = 20,

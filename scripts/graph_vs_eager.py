@@ -15,9 +15,9 @@ import math
 
 import torch
 
-from fa3gen.bench import _fwd_fns, attn_fwd_flops, bench_cases, cuda_graph_of, time_cuda_ms_interleaved
+from fa3gen.bench import (CALLS_PER_GRAPH, _fwd_fns, attn_fwd_flops, bench_cases, cuda_graph_of,
+                          time_cuda_ms_interleaved)
 
-CALLS_PER_GRAPH = 10
 
 
 def main() -> None:

@@ -66,7 +66,7 @@ def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     params = ops._make_params(q, k, v, out, lse, scale)
     stream = launch.current_stream(q.device)
-    ops._attach_workspace(params, kernel.workspace_bytes, q.device, stream)
+    launch.attach_workspace(params, kernel.workspace_bytes, q.device, stream)
     fa3gen.flash_attn_func(q, k, v, causal=causal)  # the signature's plan
     key = launch.plan_key(q, k, v, None, causal, (-1, -1), 0.0, None)
     plan = launch.plan_for(key)
@@ -92,7 +92,8 @@ def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
         ("  _make_params", lambda: ops._make_params(q, k, v, out, lse, scale)),
         ("  launch.current_stream", lambda: launch.current_stream(q.device)),
         ("  torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream(q.device).cuda_stream),
-        ("  _attach_workspace", lambda: ops._attach_workspace(params, kernel.workspace_bytes, q.device, stream)),
+        ("  launch.attach_workspace", lambda: launch.attach_workspace(params, kernel.workspace_bytes, q.device,
+                                                                     stream)),
         ("  _fill_variant", lambda: ops._fill_variant(params, kernel, variant, q, k, causal)),
         ("  kernel.fwd (ctypes + library launcher)", lambda: kernel.fwd(params, stream)),
         ("torch: x.add_(1) (one small launch)", lambda: lse.add_(1)),
