@@ -97,6 +97,17 @@ PINGPONG_DEFAULT = True
 # hdim 256 128 x 80: s512 397 -> 466 TFLOP/s, s2k 609 -> 656, s16k 728 -> 745; causal s512 241 ->
 # 297, s2k 446 -> 482, s16k 620 -> 624. Specs with variants keep "direct" (not measured with it).
 O_IN_V_DEFAULT = True
+# Forward kernels launch as programmatic dependents (PDL): a call's CTAs start on the SMs the
+# previous kernel's CTAs leave, and set up there while its last CTAs finish.
+PROGRAMMATIC_LAUNCH_DEFAULT = True
+# 16-bit forward kernels with head_dim_v >= 128 rescale O lazily (lazy_rescale): measured on the
+# H200 (2026-11-30, bf16, 16k tokens, same process, eager) against the same kernels without it:
+# hdim 256 s2k 655 -> 698 TFLOP/s, s16k 734 -> 777, causal s2k 495 -> 520, s16k 632 -> 665; hdim
+# 128 (128 x 128, pingpong, chained) s2k 566 -> 592, s16k 620 -> 647, causal s4k 531 -> 550; the
+# hdim 128 176-key kernels without pingpong within +-1%. At hdim 64 (32 O registers a thread, little
+# to save) it costs more than it saves: s16k 539 -> 450, causal s2k 373 -> 342.
+LAZY_RESCALE_DEFAULT = True
+LAZY_RESCALE_MIN_HEAD_DIM_V = 128
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
@@ -200,6 +211,16 @@ class KernelSpec(BaseModel):
     # ends. Needs intra_wg_overlap, a persistent scheduler and two Q buffers.
     # None: on wherever those hold (INTER_TILE_OVERLAP_DEFAULT).
     inter_tile_overlap: bool | None = None
+    # Programmatic dependent launch: the kernel launches while the previous kernel in the stream
+    # still runs; its CTAs initialize their barriers and prefetch descriptors, then wait for that
+    # kernel to complete before touching global memory. None: PROGRAMMATIC_LAUNCH_DEFAULT.
+    programmatic_launch: bool | None = None
+    # Lazy rescale: a key block raises a row's running max (and multiplies O's rows by the
+    # correction) only when the max grows by more than a factor 256 in probability, checked per
+    # warp; the exact result is kept because O and the row sums share the stale max. Saves the
+    # O multiply of most key blocks. Not for e4m3 (P up to 256 x its own 256 would overflow fp8).
+    # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT).
+    lazy_rescale: bool | None = None
     # How tiles map to CTAs: "grid" one CTA per tile; "static" a persistent grid (one CTA per SM)
     # walking tiles in a fixed stride; "lpt" persistent, claiming tiles dynamically from a global
     # counter, longest first. None: "static" when not causal (tiles are equal), "lpt" when causal.
@@ -306,6 +327,12 @@ class KernelSpec(BaseModel):
             data.get("intra_wg_overlap", True), data.get("scheduler"), data.get("q_buffers"), data.get("epilogue"))
         if data.get("inter_tile_overlap") is None:
             data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and chained
+        if data.get("lazy_rescale") is None:
+            dv = data.get("head_dim_v")
+            data["lazy_rescale"] = (LAZY_RESCALE_DEFAULT and data.get("kind", "fwd") == "fwd" and data.get("dtype") != "e4m3"
+                                    and isinstance(dv, int) and dv >= LAZY_RESCALE_MIN_HEAD_DIM_V)
+        if data.get("programmatic_launch") is None:
+            data["programmatic_launch"] = PROGRAMMATIC_LAUNCH_DEFAULT and data.get("kind", "fwd") == "fwd"
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
             # without variants (PINGPONG_DEFAULT).
@@ -326,7 +353,8 @@ class KernelSpec(BaseModel):
             wide = isinstance(d, int) and d > BWD_MAX_KEYS_SPLIT_HEAD_DIM
             data["block_n"] = WGMMA_M if wide else WGMMA_M * (nwg if isinstance(nwg, int) else 2)
         for field, default in (("block_m", BWD_BLOCK_M), ("intra_wg_overlap", False), ("q_buffers", 1),
-                               ("inter_tile_overlap", False), ("pingpong", False),
+                               ("inter_tile_overlap", False), ("programmatic_launch", False),
+                               ("lazy_rescale", False), ("pingpong", False),
                                ("scheduler", "grid"), ("epilogue", "direct")):
             if data.get(field) is None:
                 data[field] = default
@@ -349,6 +377,9 @@ class KernelSpec(BaseModel):
                                              ("mask_mod", self.mask_mod is not None)) if on]
         if unsupported:
             raise ValueError(f"dtype='e4m3' supports causal and window masks only, not {', '.join(unsupported)}")
+        if self.lazy_rescale:
+            raise ValueError("lazy_rescale is not available for dtype='e4m3': probabilities up to 256 times the fp8 "
+                             "P's own factor of 256 would overflow e4m3 (max 448)")
         assert self.block_n is not None
         if self.block_n % WGMMA_K_FP8 != 0:
             raise ValueError(f"dtype='e4m3' needs block_n to be a multiple of {WGMMA_K_FP8} (the K of an fp8 P·V "
@@ -382,6 +413,8 @@ class KernelSpec(BaseModel):
             raise ValueError(f"backward block_m={bm} must be {BWD_BLOCK_M} (the M of the dQ WGMMA)")
         fwd_only = [name for name, on in (("pingpong", self.pingpong), ("intra_wg_overlap", self.intra_wg_overlap),
                                           ("inter_tile_overlap", self.inter_tile_overlap),
+                                          ("programmatic_launch", self.programmatic_launch),
+                                          ("lazy_rescale", self.lazy_rescale),
                                           ("scheduler", self.scheduler != "grid"),
                                           ("epilogue", self.epilogue != "direct"),
                                           ("q_buffers", self.q_buffers != 1)) if on]
@@ -554,6 +587,8 @@ class KernelSpec(BaseModel):
         mask = "_causal" if self.causal else ""
         sched = ("_pp" if self.pingpong else "") + ("_ov" if self.intra_wg_overlap else "")
         sched += "_it" if self.inter_tile_overlap else ""
+        sched += "_pdl" if self.programmatic_launch else ""
+        sched += "_lr" if self.lazy_rescale else ""
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         sched += {"tma": "_otma", "tma_v": "_otmav", "direct": ""}[str(self.epilogue)]
         sched += "_q2" if self.q_buffers == 2 else ""

@@ -159,3 +159,41 @@ def test_inter_tile_overlap_renders_the_chained_loop(head_dim, causal):
 def test_inter_tile_overlap_needs(fields, expected):
     with pytest.raises(ValidationError, match=f"inter_tile_overlap needs .*{expected}"):
         KernelSpec(head_dim=128, inter_tile_overlap=True, **fields)
+
+
+def test_programmatic_launch_waits_before_global_memory():
+    """Forward kernels launch as programmatic dependents by default: cudaLaunchKernelEx with the
+    stream-serialization attribute, and every thread waits for the previous grid before the
+    roles start (no load, store or tile claim before it)."""
+    spec = KernelSpec(head_dim=128, causal=True)
+    assert spec.programmatic_launch and "_pdl" in spec.name
+    src = render(spec)
+    kernel = src[src.index("fwd_kernel(CUTE_GRID_CONSTANT"):]
+    wait = kernel.index("cutlass::arch::wait_on_dependent_grids();")
+    assert kernel.index("__syncthreads();") < wait < kernel.index("TileScheduler const scheduler(p);")
+    assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src and "<<<" not in src
+    off = render(KernelSpec(head_dim=128, causal=True, programmatic_launch=False))
+    assert "wait_on_dependent_grids" not in off and "fwd_kernel<<<grid" in off
+    assert not KernelSpec(head_dim=128, kind="bwd").programmatic_launch
+    with pytest.raises(ValidationError, match="programmatic_launch apply to forward kernels only"):
+        KernelSpec(head_dim=128, kind="bwd", programmatic_launch=True)
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_lazy_rescale_defaults_and_render(head_dim):
+    """Lazy rescale is on by default where O has 64+ registers a thread (head_dim_v >= 128), off
+    for e4m3 (it would overflow the fp8 P) and backward; the skipped multiply is the O rescale,
+    under a warp-uniform flag, and the softmax is instantiated with the threshold."""
+    spec = KernelSpec(head_dim=head_dim)
+    assert spec.lazy_rescale == (head_dim >= 128) and ("_lr" in spec.name) == spec.lazy_rescale
+    src = render(KernelSpec(head_dim=head_dim, lazy_rescale=True))
+    assert "/*kLazyRescaleLog2=*/8>" in src and "if (rescale_o) { softmax.rescale_rows(o_rows, rescale); }" in src
+    off = render(KernelSpec(head_dim=head_dim, lazy_rescale=False))
+    assert "/*kLazyRescaleLog2=*/-1>" in off
+    assert not KernelSpec(head_dim=head_dim, kind="bwd").lazy_rescale
+    if head_dim != 96:
+        assert not KernelSpec(head_dim=head_dim, dtype="e4m3").lazy_rescale
+        with pytest.raises(ValidationError, match="lazy_rescale is not available for dtype='e4m3'"):
+            KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=True)
+    with pytest.raises(ValidationError, match="lazy_rescale apply to forward kernels only"):
+        KernelSpec(head_dim=head_dim, kind="bwd", lazy_rescale=True)

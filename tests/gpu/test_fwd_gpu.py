@@ -302,6 +302,29 @@ def test_repeated_signature_runs_from_its_plan(causal):
         flash_attn_func(shifted, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_dependent_launches_read_the_previous_output(causal):
+    """Forward kernels launch as programmatic dependents (spec.programmatic_launch): a call's CTAs
+    may start while the previous kernel still runs, and must not read its inputs before that kernel
+    has completed. A chain of calls, each taking the previous call's O as its Q, with no sync
+    between them: every O lands in a NaN-poisoned block, so a call that read its Q early would
+    see NaN; each call is checked against float64 attention of the O it was given."""
+    from gpu_checks import check_poisoned_outputs
+
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    b, s, h, d = 4, 2048, 16, 128
+    q, k, v = make_inputs(b, s, s, h, h, d, d, torch.bfloat16, "contiguous", gen)
+    scale = 1.0  # peaked rows: each O is near one V row, unit-scale like the first Q
+    chain = [(q, None)]
+    for _ in range(4):
+        poison_allocator(((b, s, h, d), torch.bfloat16), ((b, h, s), torch.float32))
+        chain.append(flash_attn_func(chain[-1][0], k, v, softmax_scale=scale, causal=causal, return_lse=True))
+    torch.cuda.synchronize()
+    for step, ((given, _), (out, lse)) in enumerate(zip(chain, chain[1:])):
+        ref, ref_lse = attention_reference(given, k, v, scale, causal)
+        check_poisoned_outputs(out, lse, ref, ref_lse, 1e-2, 1e-3, f"step {step}")
+
+
 def test_fwd_head_dim_v_differs():
     import fa3gen
 

@@ -2,7 +2,7 @@
 
 The registry kernels (tests in test_fwd_gpu.py) use the default switches; these run the others
 (pingpong, no overlap, one CTA per tile, the static persistent order for causal, lpt when not
-causal, O stored from registers at hdim 128, O staged in the V buffer) on ragged, GQA, sq != sk shapes
+causal, O stored from registers at hdim 128, O staged in the V buffer, a plain launch) on ragged, GQA, sq != sk shapes
 into NaN-poisoned outputs.
 """
 
@@ -48,6 +48,10 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=256, causal=True, epilogue="tma_v"),
     fa3gen.KernelSpec(head_dim=256, causal=True, epilogue="tma_v", scheduler="grid", dtype="fp16"),
     fa3gen.KernelSpec(head_dim=128, block_n=176, causal=True, epilogue="tma_v", scheduler="static"),
+    # A plain launch (no programmatic dependent launch).
+    fa3gen.KernelSpec(head_dim=128, causal=True, programmatic_launch=False),
+    # Lazy rescale in the serial mainloop (the registry's kernels run it in the overlapped one).
+    fa3gen.KernelSpec(head_dim=128, causal=True, intra_wg_overlap=False),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 # The last shape has ~8 tiles per CTA: Q buffers wrap around, and tiles chain into each other.
@@ -85,3 +89,24 @@ def test_compiled_kernel_call_runs_a_custom_spec():
     assert (lse.double() - ref_lse).abs().max() < 1e-3
     with pytest.raises(ValueError, match="takes bf16 with head_dim 128"):
         kernel(q.half(), k.half(), v.half())
+
+
+@pytest.mark.parametrize("spec", [fa3gen.KernelSpec(head_dim=128), fa3gen.KernelSpec(head_dim=256, causal=True),
+                                  fa3gen.KernelSpec(head_dim=128, causal=True, intra_wg_overlap=False)],
+                         ids=lambda s: s.name)  # registry kernels, and the serial one of SPECS
+def test_lazy_rescale_when_the_row_max_climbs(spec):
+    """Lazy rescale keeps a row's stale running max while a key block's max exceeds it by less
+    than 2^8 in probability. Keys scaled up toward the start of the row (visited last) raise every
+    row's max block after block, by steps below and above that bound; O and LSE must stay exact
+    against float64 (into NaN-poisoned outputs)."""
+    assert spec.lazy_rescale
+    kernel = fa3gen.compile(spec)
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    d = spec.head_dim
+    for b, sq, sk, hq, hkv in [(2, 1000, 3000, 4, 2), (1, 300, 1100, 8, 8)]:
+        q = torch.randn(b, sq, hq, d, device="cuda", generator=gen)
+        ramp = torch.linspace(6.0, 0.2, sk, device="cuda")[None, :, None, None]
+        k = torch.randn(b, sk, hkv, d, device="cuda", generator=gen) * ramp
+        v = torch.randn(b, sk, hkv, d, device="cuda", generator=gen)
+        q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+        check_poisoned_launch(q, k, v, spec.causal, kernel, VariantArgs(), tol=8e-3, lse_tol=2e-3)

@@ -21,7 +21,13 @@ __device__ __forceinline__ float quad_allreduce_sum(float x) {
 // kProbLog2Scale: probabilities come out as 2^kProbLog2Scale * exp(...), up to 256 for 8, so that
 // an fp8 P keeps the small ones in its normal range; the row sums carry the same factor, so O's
 // normalization cancels it, and the LSE takes it out.
-template <int kRows, int kProbLog2Scale = 0>
+// kLazyRescaleLog2 >= 0 (lazy rescale): a key block raises the running max only when, in some row
+// of the warp, its max exceeds the running one by more than 2^kLazyRescaleLog2 in probability;
+// otherwise the stale max stays, this block's probabilities may reach 2^kLazyRescaleLog2, and O
+// needs no rescale (its rows and the row sums share the stale max, so the result is exact). Past
+// the first blocks the max rarely grows that much: most blocks skip the multiply of every O
+// register. -1: the max follows every block's.
+template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1>
 struct OnlineSoftmax {
   float row_max[kRows];  // running max of raw scores; -inf until a row sees a visible key
   float row_sum[kRows];  // this thread's partial sum of exp(scale * (s - row_max))
@@ -32,20 +38,33 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) { row_max[r] = -CUDART_INF_F; row_sum[r] = 0.f; }
   }
 
-  // Turns scores S (rows, cols) into unnormalized probabilities in place and returns, per row, the
+  // Turns scores S (rows, cols) into unnormalized probabilities in place and sets, per row, the
   // factor exp(scale * (old_max - new_max)) that O's rows must be multiplied by. A row whose max is
   // still -inf gets zeros, never NaN. block_scale > 0 multiplies this block's scores (an fp8 key
   // block's descale): it goes into the max once per row and into the exp2's FMA, not per score.
+  // Returns whether O needs that rescale (the same in every thread of the warp): always, unless lazy.
   template <class TensorS>
-  __device__ __forceinline__ void update(TensorS& s, float (&rescale)[kRows], float block_scale = 1.f) {
+  __device__ __forceinline__ bool update(TensorS& s, float (&rescale)[kRows], float block_scale = 1.f) {
     static_assert(decltype(size<0>(s))::value == kRows);
+    float block_max[kRows];
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float block_max = -CUDART_INF_F;
+      float m = -CUDART_INF_F;
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) { block_max = fmaxf(block_max, s(r, c)); }
-      float const new_max = fmaxf(row_max[r], quad_allreduce_max(block_max) * block_scale);
-      rescale[r] = row_max[r] == -CUDART_INF_F ? 0.f : exp2f((row_max[r] - new_max) * scale_log2);
+      for (int c = 0; c < size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
+      block_max[r] = quad_allreduce_max(m) * block_scale;
+    }
+    bool raise = true;
+    if constexpr (kLazyRescaleLog2 >= 0) {
+      bool grows = false;  // a row's first visible key: -inf to finite grows by inf
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) { grows |= (block_max[r] - row_max[r]) * scale_log2 > float(kLazyRescaleLog2); }
+      raise = __any_sync(0xffffffff, grows);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const new_max = raise ? fmaxf(row_max[r], block_max[r]) : row_max[r];
+      rescale[r] = !raise ? 1.f : row_max[r] == -CUDART_INF_F ? 0.f : exp2f((row_max[r] - new_max) * scale_log2);
       float const offset = (new_max == -CUDART_INF_F ? 0.f : new_max * scale_log2) - float(kProbLog2Scale);
       row_max[r] = new_max;
       float sum = 0.f;
@@ -56,6 +75,7 @@ struct OnlineSoftmax {
       }
       row_sum[r] = fmaf(row_sum[r], rescale[r], sum);
     }
+    return raise;
   }
 
   template <class TensorO>
