@@ -38,13 +38,14 @@ REGISTRY: dict[str, KernelSpec] = {
 # - hdim 256, up to 512 queries: 64-key blocks (O staged in the V buffer) instead of the default
 #   80, whose last block of a 512-key row is 60% padding. s512, as CUDA-graph replays: 490 -> 495,
 #   causal 314 -> 321; eager: 456 -> 476, causal 293 -> 302. From 1k on 80 keys win (graphs: s1k
-#   611 vs 567, causal 418 vs 404; s2k 673 vs 613).
+#   611 vs 567, causal 418 vs 404; s2k 673 vs 613). With lazy rescale (measured later that day)
+#   64 keys also win causal s1k: 460 vs 448 (graphs 461 vs 448); not causal s1k ties (661 vs 663).
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
     (64, True): (1024, {"block_m": 128, "block_n": 128}, {}),
     (128, False): (4096, {}, {"block_n": 176, "epilogue": "direct"}),
     (128, True): (4096, {}, {"block_n": 176, "epilogue": "tma_v"}),
     (256, False): (512, {"block_n": 64}, {}),
-    (256, True): (512, {"block_n": 64}, {}),
+    (256, True): (1024, {"block_n": 64}, {}),
 }
 
 
