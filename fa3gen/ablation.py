@@ -23,7 +23,10 @@ def variants(dtype: str = "bf16") -> dict[str, KernelSpec | None]:
         return KernelSpec(head_dim=SHAPE["head_dim"], dtype=dtype, **switches)
 
     return {
-        "default (intra-warpgroup and inter-tile overlap, pingpong, persistent static, TMA-store epilogue)": spec(),
+        "default (intra-warpgroup and inter-tile overlap, pingpong, persistent static, TMA-store epilogue, "
+        "lazy rescale, programmatic launch)": spec(),
+        "no lazy rescale (O rescaled every key block)": spec(lazy_rescale=False),
+        "no programmatic dependent launch": spec(programmatic_launch=False),
         "no pingpong": spec(pingpong=False),
         "no inter-tile overlap": spec(inter_tile_overlap=False),
         "no inter-tile overlap, no pingpong": spec(inter_tile_overlap=False, pingpong=False),

@@ -12,6 +12,7 @@
 # Usage: scripts/device_run.sh [STEP ...]      (default: doctor build sass tests bench)
 #   steps: doctor build sass tests sanitize bench ablation compare variants bwd profile cold all
 #     sanitize  compute-sanitizer ($SANITIZE_TOOLS, default memcheck) on a tiny python run
+#               (forward cases, then backward ones unless SANITIZE_BWD=0)
 #     ablation  `fa3gen bench --ablation` (FA3 paper's ablation through spec switches)
 #     profile   ncu (Speed of Light, compute and memory workload, warp states) of fa3gen and cuDNN on
 #               the cases of $PROFILE_CASES (default "128 512;128 512 causal"): checks.log
@@ -147,6 +148,7 @@ EOF
   for tool in ${SANITIZE_TOOLS:-memcheck}; do
     echo "--- compute-sanitizer --tool $tool ---"
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$PY" "$script" "$PINGPONG_SPEC" || rc=1
+    [[ ${SANITIZE_BWD:-1} == 1 ]] || continue
     echo "--- compute-sanitizer --tool $tool (backward) ---"
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$PY" scripts/sanitize_bwd.py || rc=1
   done
