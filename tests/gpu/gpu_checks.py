@@ -22,6 +22,15 @@ def prebuild(specs) -> None:
         print(f"warning: prebuilding kernels failed: {e}")
 
 
+def poison_allocator(*shapes_dtypes):
+    """Fill blocks of these sizes with NaN and free them into the caching allocator, so the outputs
+    a call allocates next start as NaN."""
+    blocks = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in shapes_dtypes]
+    ptrs = [t.data_ptr() for t in blocks]
+    del blocks
+    return ptrs
+
+
 def check_poisoned_launch(q, k, v, causal, kernel, variant, tol, lse_tol=1e-3, **reference_variant):
     """Runs into NaN-poisoned outputs and compares out and lse with the float64 reference."""
     b, sq, hq, _ = q.shape

@@ -29,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fa3gen import ops
 from fa3gen.ops import flash_attn_func
 from fa3gen.reference import attention_reference, causal_mask
+from gpu_checks import poison_allocator
 
 
 def _is_hopper() -> bool:
@@ -137,14 +138,6 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     num = torch.linalg.vector_norm(x.double() - ref)
     den = torch.linalg.vector_norm(ref)
     return float(num / den) if den > 0 else float(num)
-
-
-def poison_allocator(*shapes_dtypes):
-    """Fill blocks of these sizes with NaN and free them into the caching allocator."""
-    blocks = [torch.full(shape, float("nan"), dtype=dt, device="cuda") for shape, dt in shapes_dtypes]
-    ptrs = [t.data_ptr() for t in blocks]
-    del blocks
-    return ptrs
 
 
 def check_against_reference(q, k, v, scale, causal, dt_name):
