@@ -279,11 +279,12 @@ def _compile_memoized(key: KernelKey, spec_fn: str, args: tuple[Any, ...]):
 
 
 def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
-                softcap: bool = False, alibi: bool = False, seqlen_q: int | None = None):
+                softcap: bool = False, alibi: bool = False, seqlen_q: int | str | None = None):
     """The compiled forward kernel of the registry's default spec for these inputs and built-in
-    variants (memoized, thread-safe); seqlen_q picks the registry's tiles for that query length."""
-    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi),
-           seqlen_bucket(int(head_dim), bool(causal), seqlen_q))
+    variants (memoized, thread-safe); seqlen_q, a query length or the name of its bucket (the
+    bench's kernel keys carry the name), picks the registry's tiles for that query length."""
+    bucket = seqlen_q if isinstance(seqlen_q, str) else seqlen_bucket(int(head_dim), bool(causal), seqlen_q)
+    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi), bucket)
     kern = _KERNELS.get(key)
     return kern if kern is not None else _compile_memoized(key, "default_spec", key)
 

@@ -333,6 +333,10 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     assert p.softmax_scale == pytest.approx(0.3)
     # The scratch the kernel asked for: zeroed once, then shared by the stream's launches.
     assert p.workspace and p.workspace == rec.params[0][0].workspace
+    # The bench preloads kernels by their keys, which name the bucket: the same memoized kernel.
+    assert ops._kernel_for(64, 64, "bf16", True, False, False, False, "short") is ops._kernel_for(
+        64, 64, "bf16", True, seqlen_q=9)
+    assert len(rec.specs) == 1
     (workspace,) = launch._FWD_WORKSPACES.values()
     assert workspace.data_ptr() == p.workspace and workspace.numel() >= 16 and not workspace.any()
     long_q = torch.randn(1, 3000, 4, 64, dtype=torch.bfloat16)
