@@ -31,8 +31,8 @@ REGISTRY: dict[str, KernelSpec] = {
 #   until each warpgroup stored its own O rows: then 192 rows 370 vs 364, s1k 420 vs 417.)
 # - hdim 128, not causal: 176-key blocks (FA3's tile; O from registers, one Q buffer) halve the
 #   softmax's share per key: s16k 594 -> 630, s4k 575 -> 578, but s512 435 -> 386, s1k 512 -> 481.
-#   With lazy rescale (2026-11-30, later) the 128-key default gains and keeps s4k: 622 vs 599
-#   (s16k 647 vs 658 for 176 keys).
+#   With lazy rescale (2026-11-30, later) the 128-key default gains and keeps s4k: 622 vs 597
+#   (s16k 647 vs 655 for 176 keys).
 # - hdim 128, causal: past 4k, 176-key blocks with O staged in the V buffer: s8k 555 -> 566,
 #   s16k 555 -> 601 (s4k 533 -> 508, s512 295 -> 239).
 # - hdim 256, up to 512 queries: 64-key blocks (O staged in the V buffer) instead of the default
