@@ -32,9 +32,13 @@ REGISTRY: dict[str, KernelSpec] = {
 # - hdim 128, not causal: 176-key blocks (FA3's tile; O from registers, one Q buffer) halve the
 #   softmax's share per key: s16k 594 -> 630, s4k 575 -> 578, but s512 435 -> 386, s1k 512 -> 481.
 #   With lazy rescale (2026-11-30, later) the 128-key default gains and keeps s4k: 622 vs 597
-#   (s16k 647 vs 655 for 176 keys).
+#   (s16k 647 vs 655 for 176 keys). Then, past 2k, the 128-key tiles with one Q buffer (so no
+#   chained tiles and no pingpong) beat both: s4k 627 (two Q buffers 618, 176 keys 589), s8k 637
+#   (176 keys 625), s16k 642 (639); s2k ties (604 vs 603).
 # - hdim 128, causal: past 4k, 176-key blocks with O staged in the V buffer: s8k 555 -> 566,
-#   s16k 555 -> 601 (s4k 533 -> 508, s512 295 -> 239).
+#   s16k 555 -> 601 (s4k 533 -> 508, s512 295 -> 239). With lazy rescale, past 2k the 128-key
+#   tiles with one Q buffer win: s2k 503 (two Q buffers 496), s4k 563 (555), s8k 604 (176 keys 573),
+#   s16k 604 (593).
 # - hdim 256, up to 512 queries: 64-key blocks (O staged in the V buffer) instead of the default
 #   80, whose last block of a 512-key row is 60% padding. s512, as CUDA-graph replays: 490 -> 495,
 #   causal 314 -> 321; eager: 456 -> 476, causal 293 -> 302. From 1k on 80 keys win (graphs: s1k
@@ -42,8 +46,8 @@ REGISTRY: dict[str, KernelSpec] = {
 #   64 keys also win causal s1k: 460 vs 448 (graphs 461 vs 448); not causal s1k ties (661 vs 663).
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
     (64, True): (1024, {"block_m": 128, "block_n": 128}, {}),
-    (128, False): (4096, {}, {"block_n": 176, "epilogue": "direct"}),
-    (128, True): (4096, {}, {"block_n": 176, "epilogue": "tma_v"}),
+    (128, False): (2048, {}, {"q_buffers": 1}),
+    (128, True): (2048, {}, {"q_buffers": 1}),
     (256, False): (512, {"block_n": 64}, {}),
     (256, True): (1024, {"block_n": 64}, {}),
 }

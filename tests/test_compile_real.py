@@ -52,9 +52,11 @@ SPECS = {
 }
 NAMES = list(SPECS)
 # Spill bytes a kernel may have, and why. The causal hdim 256 forward (lpt scheduler, O staged in
-# the V buffer) keeps two per-thread offsets of its epilogue in local memory: stored once, reloaded
-# once per tile outside the key-block loop (8 bytes; measured faster than O from registers).
-SPILL_BYTES_ALLOWED = {"fwd_d256_bf16_causal": 8}
+# the V buffer) keeps four per-thread values of its tile epilogue in local memory: two offsets
+# stored once, and two values stored and reloaded once per tile, all outside the key-block loop
+# (16 bytes since the programmatic launch, 8 before; the kernel measured faster with it: s512
+# causal 319 -> 331 TFLOP/s, and faster than O from registers).
+SPILL_BYTES_ALLOWED = {"fwd_d256_bf16_causal": 16}
 
 
 @pytest.fixture(scope="module")
