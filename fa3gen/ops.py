@@ -283,8 +283,8 @@ def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window
     """The compiled forward kernel of the registry's default spec for these inputs and built-in
     variants (memoized, thread-safe); seqlen_q, a query length or the name of its bucket (the
     bench's kernel keys carry the name), picks the registry's tiles for that query length."""
-    bucket = seqlen_q if isinstance(seqlen_q, str) else seqlen_bucket(int(head_dim), bool(causal), seqlen_q)
-    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi), bucket)
+    key = (int(head_dim), int(head_dim_v), dtype, bool(causal), bool(window), bool(softcap), bool(alibi),
+           seqlen_bucket(int(head_dim), bool(causal), seqlen_q))
     kern = _KERNELS.get(key)
     return kern if kern is not None else _compile_memoized(key, "default_spec", key)
 

@@ -65,9 +65,12 @@ REGISTRY.update({
 })
 
 
-def seqlen_bucket(head_dim: int, causal: bool, seqlen_q: int | None) -> str | None:
+def seqlen_bucket(head_dim: int, causal: bool, seqlen_q: int | str | None) -> str | None:
     """"short" or "long" when the registry has tiles of their own for this query length
-    (SEQLEN_TILES), else None: the default spec."""
+    (SEQLEN_TILES), else None: the default spec. A bucket name (what kernel keys carry) is
+    returned as it is."""
+    if isinstance(seqlen_q, str):
+        return seqlen_q
     entry = SEQLEN_TILES.get((head_dim, causal))
     if entry is None or seqlen_q is None:
         return None
@@ -123,7 +126,7 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
     "long" of seqlen_bucket) picks the registry's tiles for that query length (SEQLEN_TILES)."""
     canonical = _canonical_problem(head_dim, head_dim_v, dtype)
     if head_dim_v == head_dim and not (window or softcap or alibi):
-        bucket = seqlen_q if isinstance(seqlen_q, str) else seqlen_bucket(head_dim, bool(causal), seqlen_q)
+        bucket = seqlen_bucket(head_dim, bool(causal), seqlen_q)
         if bucket is not None:
             return REGISTRY[_bucket_name(head_dim, canonical, bool(causal), bucket)]
         return REGISTRY[_registry_name(head_dim, canonical, bool(causal))]

@@ -108,6 +108,8 @@ PROGRAMMATIC_LAUNCH_DEFAULT = True
 # to save) it costs more than it saves: s16k 539 -> 450, causal s2k 373 -> 342.
 LAZY_RESCALE_DEFAULT = True
 LAZY_RESCALE_MIN_HEAD_DIM_V = 128
+# How far a row's max may grow before a lazy rescale raises it: 2^8 in probability.
+LAZY_RESCALE_LOG2 = 8
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
@@ -319,20 +321,20 @@ class KernelSpec(BaseModel):
                 data["epilogue"] = "tma_v"
             else:
                 data["epilogue"] = "direct"
-        if data.get("q_buffers") is None and data.get("kind", "fwd") == "fwd" and d in SUPPORTED_HEAD_DIMS \
+        if data.get("q_buffers") is None and d in SUPPORTED_HEAD_DIMS \
                 and all(isinstance(x, int) for x in sizes) and data.get("epilogue") in ("tma", "tma_v", "direct"):
             two = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], data["epilogue"], 2)
             data["q_buffers"] = 2 if two <= SMEM_BUDGET_BYTES else 1
-        chained = data.get("kind", "fwd") == "fwd" and not _inter_tile_overlap_missing(
+        chained = not _inter_tile_overlap_missing(
             data.get("intra_wg_overlap", True), data.get("scheduler"), data.get("q_buffers"), data.get("epilogue"))
         if data.get("inter_tile_overlap") is None:
             data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and chained
         if data.get("lazy_rescale") is None:
             dv = data.get("head_dim_v")
-            data["lazy_rescale"] = (LAZY_RESCALE_DEFAULT and data.get("kind", "fwd") == "fwd" and data.get("dtype") != "e4m3"
+            data["lazy_rescale"] = (LAZY_RESCALE_DEFAULT and data.get("dtype") != "e4m3"
                                     and isinstance(dv, int) and dv >= LAZY_RESCALE_MIN_HEAD_DIM_V)
         if data.get("programmatic_launch") is None:
-            data["programmatic_launch"] = PROGRAMMATIC_LAUNCH_DEFAULT and data.get("kind", "fwd") == "fwd"
+            data["programmatic_launch"] = PROGRAMMATIC_LAUNCH_DEFAULT
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
             # without variants (PINGPONG_DEFAULT).
@@ -378,8 +380,8 @@ class KernelSpec(BaseModel):
         if unsupported:
             raise ValueError(f"dtype='e4m3' supports causal and window masks only, not {', '.join(unsupported)}")
         if self.lazy_rescale:
-            raise ValueError("lazy_rescale is not available for dtype='e4m3': probabilities up to 256 times the fp8 "
-                             "P's own factor of 256 would overflow e4m3 (max 448)")
+            raise ValueError(f"lazy_rescale is not available for dtype='e4m3': probabilities up to "
+                             f"{2 ** LAZY_RESCALE_LOG2} times the fp8 P's own factor of 256 would overflow e4m3 (max 448)")
         assert self.block_n is not None
         if self.block_n % WGMMA_K_FP8 != 0:
             raise ValueError(f"dtype='e4m3' needs block_n to be a multiple of {WGMMA_K_FP8} (the K of an fp8 P·V "
@@ -534,6 +536,12 @@ class KernelSpec(BaseModel):
         assert self.block_n and self.head_dim_v
         # fp32 accumulators of one 64-row warpgroup tile, spread over 128 threads; P reuses S's registers.
         return self.block_n // 2 + self.head_dim_v // 2 + CONSUMER_REGISTER_OVERHEAD
+
+    @property
+    def lazy_rescale_log2(self) -> int:
+        """The softmax's kLazyRescaleLog2: how far (log2, in probability) a row's max may grow
+        before O is rescaled; -1 without lazy_rescale (rescaled every key block)."""
+        return LAZY_RESCALE_LOG2 if self.lazy_rescale else -1
 
     @property
     def keys_bounded_right(self) -> bool:
