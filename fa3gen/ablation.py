@@ -24,8 +24,9 @@ def variants(dtype: str = "bf16") -> dict[str, KernelSpec | None]:
 
     return {
         "default (intra-warpgroup and inter-tile overlap, pingpong, persistent static, TMA-store epilogue, "
-        "lazy rescale, programmatic launch)": spec(),
+        "lazy rescale, two reduction chains per row, programmatic launch)": spec(),
         "no lazy rescale (O rescaled every key block)": spec(lazy_rescale=False),
+        "one reduction chain per row (softmax max and sum)": spec(row_reduce_chains=1),
         "no programmatic dependent launch": spec(programmatic_launch=False),
         "no pingpong": spec(pingpong=False),
         "no inter-tile overlap": spec(inter_tile_overlap=False),

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .variant import MaskMod, Param, ScalarParam, ScoreMod, check_expression, check_params
 
@@ -110,6 +110,13 @@ LAZY_RESCALE_DEFAULT = True
 LAZY_RESCALE_MIN_HEAD_DIM_V = 128
 # How far a row's max may grow before a lazy rescale raises it: 2^8 in probability.
 LAZY_RESCALE_LOG2 = 8
+# 16-bit forward kernels with head_dim_v >= 128 reduce each row's max and sum in two chains
+# (row_reduce_chains): measured on the H200 (2026-11-30, bf16, 16k tokens, same process, eager)
+# against one chain: hdim 128 (128 x 128, pingpong, chained) s512 477 -> 491 TFLOP/s, s2k 578 ->
+# 601, s16k 629 -> 642; causal (one Q buffer) s2k 489 -> 506; hdim 256 s16k 771 -> 786; the hdim
+# 128 one-Q-buffer kernel not causal +0-1%. hdim 64 loses (s2k 488 -> 448, causal s4k 404 -> 384).
+ROW_REDUCE_CHAINS_DEFAULT = 2
+ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V = 128
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
@@ -223,6 +230,12 @@ class KernelSpec(BaseModel):
     # O multiply of most key blocks. Not for e4m3 (P up to 256 x its own 256 would overflow fp8).
     # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT).
     lazy_rescale: bool | None = None
+    # Independent accumulator chains per row in the softmax's max and sum over a key block (the
+    # columns split round-robin, the chains combined at the end): more instruction-level
+    # parallelism for the two consumer warps a scheduler runs, whose dependent FMNMX/FADD chains
+    # otherwise stall on fixed latency. None: ROW_REDUCE_CHAINS_DEFAULT for 16-bit forward kernels
+    # with head_dim_v >= ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V, else 1.
+    row_reduce_chains: int | None = Field(default=None, ge=1, le=8)
     # How tiles map to CTAs: "grid" one CTA per tile; "static" a persistent grid (one CTA per SM)
     # walking tiles in a fixed stride; "lpt" persistent, claiming tiles dynamically from a global
     # counter, longest first. None: "static" when not causal (tiles are equal), "lpt" when causal.
@@ -335,6 +348,10 @@ class KernelSpec(BaseModel):
                                     and isinstance(dv, int) and dv >= LAZY_RESCALE_MIN_HEAD_DIM_V)
         if data.get("programmatic_launch") is None:
             data["programmatic_launch"] = PROGRAMMATIC_LAUNCH_DEFAULT
+        if data.get("row_reduce_chains") is None:
+            dv = data.get("head_dim_v")
+            wide = data.get("dtype") != "e4m3" and isinstance(dv, int) and dv >= ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V
+            data["row_reduce_chains"] = ROW_REDUCE_CHAINS_DEFAULT if wide else 1
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
             # without variants (PINGPONG_DEFAULT).
@@ -356,7 +373,7 @@ class KernelSpec(BaseModel):
             data["block_n"] = WGMMA_M if wide else WGMMA_M * (nwg if isinstance(nwg, int) else 2)
         for field, default in (("block_m", BWD_BLOCK_M), ("intra_wg_overlap", False), ("q_buffers", 1),
                                ("inter_tile_overlap", False), ("programmatic_launch", False),
-                               ("lazy_rescale", False), ("pingpong", False),
+                               ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
                                ("scheduler", "grid"), ("epilogue", "direct")):
             if data.get(field) is None:
                 data[field] = default
@@ -417,6 +434,7 @@ class KernelSpec(BaseModel):
                                           ("inter_tile_overlap", self.inter_tile_overlap),
                                           ("programmatic_launch", self.programmatic_launch),
                                           ("lazy_rescale", self.lazy_rescale),
+                                          ("row_reduce_chains", self.row_reduce_chains != 1),
                                           ("scheduler", self.scheduler != "grid"),
                                           ("epilogue", self.epilogue != "direct"),
                                           ("q_buffers", self.q_buffers != 1)) if on]
@@ -597,6 +615,7 @@ class KernelSpec(BaseModel):
         sched += "_it" if self.inter_tile_overlap else ""
         sched += "_pdl" if self.programmatic_launch else ""
         sched += "_lr" if self.lazy_rescale else ""
+        sched += f"_ch{self.row_reduce_chains}" if self.row_reduce_chains != 1 else ""
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         sched += {"tma": "_otma", "tma_v": "_otmav", "direct": ""}[str(self.epilogue)]
         sched += "_q2" if self.q_buffers == 2 else ""

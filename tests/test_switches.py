@@ -187,9 +187,9 @@ def test_lazy_rescale_defaults_and_render(head_dim):
     spec = KernelSpec(head_dim=head_dim)
     assert spec.lazy_rescale == (head_dim >= 128) and ("_lr" in spec.name) == spec.lazy_rescale
     src = render(KernelSpec(head_dim=head_dim, lazy_rescale=True))
-    assert "/*kLazyRescaleLog2=*/8>" in src and "if (rescale_o) { softmax.rescale_rows(o_rows, rescale); }" in src
+    assert "/*kLazyRescaleLog2=*/8," in src and "if (rescale_o) { softmax.rescale_rows(o_rows, rescale); }" in src
     off = render(KernelSpec(head_dim=head_dim, lazy_rescale=False))
-    assert "/*kLazyRescaleLog2=*/-1>" in off
+    assert "/*kLazyRescaleLog2=*/-1," in off
     assert not KernelSpec(head_dim=head_dim, kind="bwd").lazy_rescale
     if head_dim != 96:
         assert not KernelSpec(head_dim=head_dim, dtype="e4m3").lazy_rescale
@@ -197,3 +197,23 @@ def test_lazy_rescale_defaults_and_render(head_dim):
             KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=True)
     with pytest.raises(ValidationError, match="lazy_rescale apply to forward kernels only"):
         KernelSpec(head_dim=head_dim, kind="bwd", lazy_rescale=True)
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_row_reduce_chains_defaults_and_render(head_dim):
+    """Two reduction chains per row by default where head_dim_v >= 128 (16-bit forward); one for
+    hdim 64 and 96, fp8 and the backward. The softmax is instantiated with the count."""
+    spec = KernelSpec(head_dim=head_dim)
+    assert spec.row_reduce_chains == (2 if head_dim >= 128 else 1)
+    assert ("_ch2" in spec.name) == (head_dim >= 128)
+    assert f"/*kChains=*/{spec.row_reduce_chains}> softmax(" in render(spec)
+    four = KernelSpec(head_dim=head_dim, row_reduce_chains=4)
+    assert "_ch4" in four.name and "/*kChains=*/4> softmax(" in render(four)
+    with pytest.raises(ValidationError, match="row_reduce_chains"):
+        KernelSpec(head_dim=head_dim, row_reduce_chains=0)
+    assert KernelSpec(head_dim=head_dim, kind="bwd").row_reduce_chains == 1
+    with pytest.raises(ValidationError, match="row_reduce_chains apply to forward kernels only"):
+        KernelSpec(head_dim=head_dim, kind="bwd", row_reduce_chains=2)
+    if head_dim != 96:
+        fp8 = KernelSpec(head_dim=head_dim, dtype="e4m3")
+        assert fp8.row_reduce_chains == 1 and "/*kChains=*/1> softmax(" in render(fp8)

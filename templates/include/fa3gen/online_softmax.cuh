@@ -27,7 +27,9 @@ __device__ __forceinline__ float quad_allreduce_sum(float x) {
 // needs no rescale (its rows and the row sums share the stale max, so the result is exact). Past
 // the first blocks the max rarely grows that much: most blocks skip the multiply of every O
 // register. -1: the max follows every block's.
-template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1>
+// kChains: each row's max and sum over a block run in that many independent chains (columns
+// round-robin), combined at the end, so a warp has more than one dependent FMNMX/FADD in flight.
+template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1, int kChains = 1>
 struct OnlineSoftmax {
   float row_max[kRows];  // running max of raw scores; -inf until a row sees a visible key
   float row_sum[kRows];  // this thread's partial sum of exp(scale * (s - row_max))
@@ -49,10 +51,14 @@ struct OnlineSoftmax {
     float block_max[kRows];
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float m = -CUDART_INF_F;
+      float m[kChains];
       CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
-      block_max[r] = quad_allreduce_max(m) * block_scale;
+      for (int i = 0; i < kChains; ++i) { m[i] = -CUDART_INF_F; }
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) { m[c % kChains] = fmaxf(m[c % kChains], s(r, c)); }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 1; i < kChains; ++i) { m[0] = fmaxf(m[0], m[i]); }
+      block_max[r] = quad_allreduce_max(m[0]) * block_scale;
     }
     bool raise = true;
     if constexpr (kLazyRescaleLog2 >= 0) {
@@ -67,13 +73,17 @@ struct OnlineSoftmax {
       rescale[r] = !raise ? 1.f : row_max[r] == -CUDART_INF_F ? 0.f : exp2f((row_max[r] - new_max) * scale_log2);
       float const offset = (new_max == -CUDART_INF_F ? 0.f : new_max * scale_log2) - float(kProbLog2Scale);
       row_max[r] = new_max;
-      float sum = 0.f;
+      float sum[kChains];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kChains; ++i) { sum[i] = 0.f; }
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
         s(r, c) = exp2f(fmaf(s(r, c), scale_log2 * block_scale, -offset));
-        sum += s(r, c);
+        sum[c % kChains] += s(r, c);
       }
-      row_sum[r] = fmaf(row_sum[r], rescale[r], sum);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 1; i < kChains; ++i) { sum[0] += sum[i]; }
+      row_sum[r] = fmaf(row_sum[r], rescale[r], sum[0]);
     }
     return raise;
   }
