@@ -134,6 +134,13 @@ def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers
             if not ok]
 
 
+def _sixteen_bit_with_head_dim_v(data: dict[str, Any], min_head_dim_v: int) -> bool:
+    """A forward spec's raw fields: 16-bit inputs and head_dim_v >= min_head_dim_v (the lazy
+    rescale and the reduction chains pay off only there)."""
+    dv = data.get("head_dim_v")
+    return data.get("dtype") != "e4m3" and isinstance(dv, int) and dv >= min_head_dim_v
+
+
 def _bwd_dq_buffers(block_n: int) -> int:
     """fp32 dQ tiles in shared memory: 2 when the warpgroups split the keys, 1 with the head-dim split."""
     return 1 if block_n == WGMMA_M else 2
@@ -343,14 +350,11 @@ class KernelSpec(BaseModel):
         if data.get("inter_tile_overlap") is None:
             data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and chained
         if data.get("lazy_rescale") is None:
-            dv = data.get("head_dim_v")
-            data["lazy_rescale"] = (LAZY_RESCALE_DEFAULT and data.get("dtype") != "e4m3"
-                                    and isinstance(dv, int) and dv >= LAZY_RESCALE_MIN_HEAD_DIM_V)
+            data["lazy_rescale"] = LAZY_RESCALE_DEFAULT and _sixteen_bit_with_head_dim_v(data, LAZY_RESCALE_MIN_HEAD_DIM_V)
         if data.get("programmatic_launch") is None:
             data["programmatic_launch"] = PROGRAMMATIC_LAUNCH_DEFAULT
         if data.get("row_reduce_chains") is None:
-            dv = data.get("head_dim_v")
-            wide = data.get("dtype") != "e4m3" and isinstance(dv, int) and dv >= ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V
+            wide = _sixteen_bit_with_head_dim_v(data, ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V)
             data["row_reduce_chains"] = ROW_REDUCE_CHAINS_DEFAULT if wide else 1
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
