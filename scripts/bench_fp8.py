@@ -9,6 +9,9 @@ attention implementations of a case are timed interleaved (fa3gen.bench.time_cud
 
 Usage: python scripts/bench_fp8.py [--hdim 64,128,256] [--seqlens 4096,16384] [--json out.json]
                                   [--tiles]   # also time the alternative tiles in TILE_CANDIDATES
+                                  [--spec JSON ...]  # and these e4m3 specs, each on its head dim
+Candidates run on inputs with one scale per tile of their own tiles, as the default does, and
+print their output's difference from the bf16 kernel's beside the default's.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from fa3gen.ops import flash_attn_func  # noqa: E402
 
 
 # Tiles and schedules to compare with the defaults (FP8_TILES, pingpong), same process and inputs
-# (scale blocks of 768 rows: whole tiles of every candidate): --tiles.
+# (each on inputs with one scale per tile of its own tiles): --tiles.
 TILE_CANDIDATES = {
     64: [dict(block_n=128), dict(block_m=192, block_n=128)],
     128: [dict(block_n=128), dict(block_n=256), dict(pingpong=False)],
@@ -98,19 +101,21 @@ def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: t
     }
     per_head = fp8.prepare(q, k, v, "head", hadamard=True)  # K's factor folds into the softmax scale
     fns["fp8 per-(batch, head) scales"] = lambda: fp8_ops.flash_attn_fp8_func(per_head, scale, causal)
-    candidates = candidate_specs(d, causal, tiles, extra)
-    if candidates:
-        # Scale blocks of 768 rows cover whole tiles of every candidate (128, 192, 256, 64, 96 rows).
-        blocks768 = fp8.prepare(q, k, v, "block", 768, hadamard=True)
-        fns["fp8 default, 768-row scale blocks"] = lambda: fp8_ops.flash_attn_fp8_func(blocks768, scale, causal)
-        for spec in candidates:
-            try:
-                kernel = fa3gen.compile(spec)
-            except Exception as e:  # noqa: BLE001 - not prebuilt: reported, the rest still runs
-                print(f"{spec.name}: {error_line(e)}")
-                continue
-            fns[f"fp8 {spec.name}"] = lambda kernel=kernel: fp8_ops.flash_attn_fp8_func(blocks768, scale, causal,
-                                                                                         kernel=kernel)
+    # Each candidate runs on inputs scaled per tile of its own tiles, as the default does.
+    per_tile = {fp8.default_block_rows(d): inputs}
+    for spec in candidate_specs(d, causal, tiles, extra):
+        try:
+            kernel = fa3gen.compile(spec)
+        except Exception as e:  # noqa: BLE001 - not prebuilt: reported, the rest still runs
+            print(f"{spec.name}: {error_line(e)}")
+            continue
+        rows = (spec.block_m, spec.block_n)
+        if rows not in per_tile:
+            per_tile[rows] = fp8.prepare(q, k, v, "block", rows, hadamard=True)
+        fn = fns[f"fp8 {spec.name}"] = lambda kernel=kernel, x=per_tile[rows]: fp8_ops.flash_attn_fp8_func(
+            x, scale, causal, kernel=kernel)
+        diff = float((fn().float() - ref.float()).norm() / ref.float().norm())
+        print(f"  {spec.name}: rel diff vs the bf16 kernel {diff:.2e} (default: {rel:.2e})")
     ms = {}
     for name, t in time_cuda_ms_interleaved(fns, *TIMING).items():
         if isinstance(t, Exception):
@@ -122,7 +127,7 @@ def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: t
     tf = {name: flops / t / 1e9 for name, t in ms.items() if name.startswith(("fp8", "bf16", "cudnn_bf16"))}
     for name, value in tf.items():
         if name.startswith("fp8 "):
-            print(f"  {name[4:]}: {value:.1f} TFLOP/s (default, one scale per tile: {tf['fp8']:.1f})")
+            print(f"  {name[4:]}: {value:.1f} TFLOP/s (default: {tf['fp8']:.1f}; both one scale per tile)")
     return {"head_dim": d, "seqlen": s, "batch": b, "nheads": h, "causal": causal, "ms": ms, "tflops": tf,
             "fp8_vs_bf16_rel_diff": rel}
 

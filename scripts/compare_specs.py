@@ -6,14 +6,19 @@ timer, interleaved (median of rounds that each run every implementation once, in
 order); each kernel's output is checked against cuDNN's first. A quick way to choose
 between tiles or switches by measurement. --graph times every implementation as replays of a
 CUDA graph of 10 calls instead, which takes the host's per-call cost out: the kernels alone.
+--variant JSON gives the built-in variants' values for specs that compile them in (window_size,
+softcap, and "alibi": true for per-head slopes in [0, 1)); each kernel's output is then checked
+against fa3gen.flash_attn_func's with the same values (the default kernel of that variant), and
+the peers, timed without the variant, count the same FLOPs (the full or causal problem's).
 
-Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] [--graph] SPEC_JSON [SPEC_JSON ...]
+Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] [--graph] [--variant JSON] SPEC_JSON [SPEC_JSON ...]
        python scripts/compare_specs.py @specs.jsonl   # one spec JSON per line
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from itertools import groupby
@@ -29,8 +34,18 @@ from fa3gen.bench import (CALLS_PER_GRAPH, _fwd_fns, attn_fwd_flops, bench_cases
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _variant_kwargs(variant: dict, b: int, h: int) -> dict:
+    """flash_attn_func / kernel keywords for --variant's values (alibi: per-head slopes)."""
+    out = {k: v for k, v in variant.items() if k != "alibi"}
+    if "window_size" in out:
+        out["window_size"] = tuple(out["window_size"])
+    if variant.get("alibi"):
+        out["alibi_slopes"] = torch.rand(h, device="cuda")  # as scripts/bench_variants.py
+    return out
+
+
 def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5, reps: int = 20,
-            graph: bool = False) -> int:
+            graph: bool = False, variant: dict | None = None) -> int:
     failures = 0
     key = lambda s: (s.dtype, s.head_dim, s.causal)  # noqa: E731
     for (dt, d, causal), group in groupby(sorted(specs, key=key), key=key):
@@ -46,15 +61,17 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dt], generator=gen) for _ in range(3))
             scale = 1 / math.sqrt(d)
             peers, _ = _fwd_fns(q, k, v, scale, causal)
-            ref = peers["cudnn"]().transpose(1, 2)
+            kw = _variant_kwargs(variant, b, h) if variant else {}
+            ref = fa3gen.flash_attn_func(q, k, v, scale, causal, **kw) if variant else peers["cudnn"]().transpose(1, 2)
             flops = attn_fwd_flops(b, h, s, s, d, causal)
             fns = {"cudnn": peers["cudnn"], "flash": peers["flash"]}
             for kernel in kernels:
-                fn = lambda kernel=kernel: kernel(q, k, v, softmax_scale=scale)  # noqa: E731
+                fn = lambda kernel=kernel: kernel(q, k, v, softmax_scale=scale, **kw)  # noqa: E731
                 diff = float((fn().float() - ref.float()).abs().max())
                 if diff > (2e-2 if dt == "bf16" else 4e-3) * 4:
                     failures += 1
-                    print(f"MISMATCH {kernel.spec.name} s{s}: max abs diff vs cuDNN {diff:.1e}", flush=True)
+                    print(f"MISMATCH {kernel.spec.name} s{s}: max abs diff vs {'the default' if variant else 'cuDNN'} "
+                          f"{diff:.1e}", flush=True)
                 fns[kernel.spec.name] = fn
             calls = CALLS_PER_GRAPH if graph else 1
             if graph:
@@ -71,10 +88,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,16384")
     parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host cost per call)")
+    parser.add_argument("--variant", type=json.loads, default=None,
+                        help='the variants\' values, e.g. \'{"window_size": [1024, 0]}\'')
     parser.add_argument("specs", nargs="+", help="spec JSON")
     args = parser.parse_args(argv)
     specs = [fa3gen.KernelSpec.from_json(s) for s in args.specs]
-    return compare(specs, [int(x) for x in args.seqlens.split(",")], graph=args.graph)
+    return compare(specs, [int(x) for x in args.seqlens.split(",")], graph=args.graph, variant=args.variant)
 
 
 if __name__ == "__main__":
