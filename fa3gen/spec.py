@@ -89,7 +89,11 @@ INTER_TILE_OVERLAP_DEFAULT = True
 # With the tiles chained, pingpong pays for 16-bit kernels too (it did not on its own): measured
 # as above, chained tiles with vs without pingpong: hdim 128 s512 456 -> 475, s4k 588 -> 615,
 # causal s512 292 -> 304; hdim 64 (128-row tiles) causal s512 191 -> 208, s1k 270 -> 296; 16k
-# within +-1%. Specs with variants keep it off (their per-element code was not measured with it).
+# within +-1%. The built-in variants take it too: measured on the H200 (2026-12-01, bf16 hdim 128,
+# same process, TFLOP/s of the full or causal problem, s4k / s16k): ALiBi (slopes in [0, 1))
+# 504 -> 523 / 523 -> 533, softcap 456 -> 464 / 464 -> 474; window (1024, 1024) 1313 -> 1324 /
+# 4647 -> 4675; causal window (1024, 0) 1108 -> 1115 / 3912 -> 3987; causal softcap 419 -> 422 /
+# 439 -> 434. Specs with a custom score_mod or mask_mod keep it off (not measured with it).
 PINGPONG_DEFAULT = True
 # Where O's own staging tile does not fit (hdim 192 and 256, beside one Q tile and two K/V
 # stages), stage it in the V stages' buffer (epilogue "tma_v") rather than store it from
@@ -217,7 +221,8 @@ class KernelSpec(BaseModel):
     q_buffers: int | None = None
     num_consumer_warpgroups: int | None = None
     # Consumer warpgroups take turns issuing their GEMMs (named barriers). None: on for fp8 with two
-    # consumer warpgroups, and for 16-bit ones that chain tiles (PINGPONG_DEFAULT).
+    # consumer warpgroups, and for 16-bit ones that chain tiles and have no custom score_mod or
+    # mask_mod (PINGPONG_DEFAULT).
     pingpong: bool | None = None
     # On by default: measured on the H200 (2026-11-29, bf16, 16k tokens) it lifts hdim 128 at 8k from
     # 574 to 614 TFLOP/s and helps every head dim; pingpong alone did not pay (549).
@@ -358,10 +363,10 @@ class KernelSpec(BaseModel):
             data["row_reduce_chains"] = ROW_REDUCE_CHAINS_DEFAULT if wide else 1
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
-            # without variants (PINGPONG_DEFAULT).
-            variants = any(data.get(f) for f in _VARIANT_FIELDS)
+            # without a custom score_mod or mask_mod (PINGPONG_DEFAULT).
+            custom = data.get("score_mod") is not None or data.get("mask_mod") is not None
             data["pingpong"] = data.get("num_consumer_warpgroups") == 2 and (
-                data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not variants))
+                data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not custom))
         return data
 
     @classmethod

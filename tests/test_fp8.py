@@ -608,8 +608,12 @@ def test_kernel_layout_v_is_dequantized_through_the_inputs() -> None:
 def test_e4m3_pingpong_default_only_with_two_consumer_warpgroups() -> None:
     assert not KernelSpec(head_dim=64, dtype="e4m3", block_m=192).pingpong  # three warpgroups: no pingpong
     assert not KernelSpec(head_dim=128, dtype="e4m3", pingpong=False).pingpong  # an explicit choice stays
-    # 16-bit: pingpong comes with the chained tiles (PINGPONG_DEFAULT), not with variants
-    assert KernelSpec(head_dim=128).pingpong and not KernelSpec(head_dim=128, window=True).pingpong
+    # 16-bit: pingpong comes with the chained tiles (PINGPONG_DEFAULT), built-in variants included,
+    # but not with a custom score_mod or mask_mod
+    assert KernelSpec(head_dim=128).pingpong
+    assert all(KernelSpec(head_dim=128, **{v: True}).pingpong for v in ("window", "softcap", "alibi"))
+    assert not KernelSpec(head_dim=128, mask_mod={"expr": "kv_idx <= q_idx"}).pingpong
+    assert not KernelSpec(head_dim=128, score_mod={"expr": "score * 0.5f"}).pingpong
     assert not KernelSpec(head_dim=128, q_buffers=1).pingpong
 
 
