@@ -4,7 +4,8 @@ one process.
 Usage (on a Hopper GPU): python scripts/bench_variants.py [--seqlens 4096,16384] [--pass fwd|bwd|both]
 bf16, hdim 128, 16 heads, batch = 16384 / seqlen. TFLOP/s count the FLOPs of the full (or causal)
 problem (backward: 2.5x the forward's), so a window's speed-up shows as a higher number; "ms" is
-the median time of the pass alone (the backward is timed from saved forward outputs). FlexAttention
+the median time of the pass alone (the backward is timed from saved forward outputs), every
+implementation of a pass timed interleaved with the others. FlexAttention
 is torch.compile'd flex_attention with the same score_mod / mask_mod and its BlockMask; the
 "x flex" columns divide its time by fa3gen's.
 """
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa3gen
-from fa3gen.bench import attn_bwd_flops, attn_fwd_flops, time_cuda_ms
+from fa3gen.bench import attn_bwd_flops, attn_fwd_flops, time_cuda_ms_interleaved
 
 WINDOW = 1024
 SOFTCAP = 30.0
@@ -59,9 +60,7 @@ def _variants(slopes: torch.Tensor) -> list[tuple[str, bool, dict[str, Any], Cal
     ]
 
 
-def _time(fn: Callable[[], Any]) -> float:
-    fn()
-    return time_cuda_ms(fn, 3, 10, 2.0)
+TIMING = (3, 10, 2.0)  # warm-up calls, interleaved rounds (the median counts), ms per round at least
 
 
 def _backward_timer(forward: Callable[[], torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
@@ -105,17 +104,37 @@ def main() -> None:
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
             rows.append((name, causal, cudnn, (qt, kt, vt), None))
-        for name, causal, fwd, inputs, flex_fwd in rows:
+        # Every implementation of a pass is timed interleaved with the others (rotated rounds), so
+        # none of them gets the GPU's early clocks; their first calls (FlexAttention's compiles,
+        # fa3gen's loads) run in the warm-up.
+        times: dict[str, dict[str, float | Exception]] = {}
+        for p in passes:
+            fns: dict[str, Callable[[], Any]] = {}
+            for name, _, fwd, inputs, flex_fwd in rows:
+                fns[name] = fwd if p == "fwd" else _backward_timer(fwd, inputs)
+                if flex_fwd is not None:
+                    fns[f"flex {name}"] = flex_fwd if p == "fwd" else _backward_timer(flex_fwd, (qt, kt, vt))
+            times[p] = time_cuda_ms_interleaved(fns, *TIMING)
+        for name, causal, *_ in rows:
             cells = []
             for p in passes:
                 flops = (attn_fwd_flops if p == "fwd" else attn_bwd_flops)(b, h, s, s, d, causal)
-                ms = _time(fwd if p == "fwd" else _backward_timer(fwd, inputs))
-                flex_ms = math.nan
-                if flex_fwd is not None:
-                    flex_ms = _time(flex_fwd if p == "fwd" else _backward_timer(flex_fwd, (qt, kt, vt)))
+                ms, flex_ms = (_ms(times[p].get(key)) for key in (name, f"flex {name}"))
                 cells.append(f" {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.1f} | {flex_ms:.3f} | {flex_ms / ms:.2f} |")
             print(f"| {name} |" + "".join(cells), flush=True)
+        for p in passes:  # block skipping: a window against the same kernels without it
+            ms = {name: _ms(times[p].get(name)) for name, *_ in rows}
+            speedups = [f"{w} {ms[base] / ms[w]:.1f}x faster than {base}" for w, bases in (
+                (f"causal, window ({WINDOW}, 0)", ("causal", "plain")), (f"window ({WINDOW}, {WINDOW})", ("plain",)))
+                for base in bases]
+            print(f"\n{p}: " + "; ".join(speedups))
 
+
+def _ms(t: float | Exception | None) -> float:
+    """A timing, or NaN for an implementation that is absent or raised (saying why)."""
+    if isinstance(t, Exception):
+        print(f"failed: {type(t).__name__}: {str(t).splitlines()[0] if str(t) else ''}")
+    return t if isinstance(t, float) else math.nan
 
 if __name__ == "__main__":
     main()
