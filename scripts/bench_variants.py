@@ -107,34 +107,35 @@ def main() -> None:
         # Every implementation of a pass is timed interleaved with the others (rotated rounds), so
         # none of them gets the GPU's early clocks; their first calls (FlexAttention's compiles,
         # fa3gen's loads) run in the warm-up.
-        times: dict[str, dict[str, float | Exception]] = {}
+        ms: dict[str, dict[str, float]] = {}  # pass -> implementation -> median ms
         for p in passes:
             fns: dict[str, Callable[[], Any]] = {}
             for name, _, fwd, inputs, flex_fwd in rows:
                 fns[name] = fwd if p == "fwd" else _backward_timer(fwd, inputs)
                 if flex_fwd is not None:
                     fns[f"flex {name}"] = flex_fwd if p == "fwd" else _backward_timer(flex_fwd, (qt, kt, vt))
-            times[p] = time_cuda_ms_interleaved(fns, *TIMING)
+            ms[p] = {name: _ms(name, t) for name, t in time_cuda_ms_interleaved(fns, *TIMING).items()}
         for name, causal, *_ in rows:
             cells = []
             for p in passes:
                 flops = (attn_fwd_flops if p == "fwd" else attn_bwd_flops)(b, h, s, s, d, causal)
-                ms, flex_ms = (_ms(times[p].get(key)) for key in (name, f"flex {name}"))
-                cells.append(f" {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.1f} | {flex_ms:.3f} | {flex_ms / ms:.2f} |")
+                t, flex_t = (ms[p].get(key, math.nan) for key in (name, f"flex {name}"))
+                cells.append(f" {t:.3f} | {flops / (t * 1e-3) / 1e12:.1f} | {flex_t:.3f} | {flex_t / t:.2f} |")
             print(f"| {name} |" + "".join(cells), flush=True)
         for p in passes:  # block skipping: a window against the same kernels without it
-            ms = {name: _ms(times[p].get(name)) for name, *_ in rows}
-            speedups = [f"{w} {ms[base] / ms[w]:.1f}x faster than {base}" for w, bases in (
+            speedups = [f"{w} {ms[p][base] / ms[p][w]:.1f}x faster than {base}" for w, bases in (
                 (f"causal, window ({WINDOW}, 0)", ("causal", "plain")), (f"window ({WINDOW}, {WINDOW})", ("plain",)))
                 for base in bases]
             print(f"\n{p}: " + "; ".join(speedups))
 
 
-def _ms(t: float | Exception | None) -> float:
-    """A timing, or NaN for an implementation that is absent or raised (saying why)."""
+def _ms(name: str, t: float | Exception) -> float:
+    """A timing, or NaN for an implementation that raised (saying why)."""
     if isinstance(t, Exception):
-        print(f"failed: {type(t).__name__}: {str(t).splitlines()[0] if str(t) else ''}")
-    return t if isinstance(t, float) else math.nan
+        print(f"{name} failed: {type(t).__name__}: {str(t).splitlines()[0] if str(t) else ''}")
+        return math.nan
+    return t
+
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ from fa3gen.bench import (CALLS_PER_GRAPH, _fwd_fns, attn_fwd_flops, bench_cases
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _variant_kwargs(variant: dict, b: int, h: int) -> dict:
+def _variant_kwargs(variant: dict, h: int) -> dict:
     """flash_attn_func / kernel keywords for --variant's values (alibi: per-head slopes)."""
     out = {k: v for k, v in variant.items() if k != "alibi"}
     if "window_size" in out:
@@ -61,7 +61,7 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dt], generator=gen) for _ in range(3))
             scale = 1 / math.sqrt(d)
             peers, _ = _fwd_fns(q, k, v, scale, causal)
-            kw = _variant_kwargs(variant, b, h) if variant else {}
+            kw = _variant_kwargs(variant, h) if variant else {}
             ref = fa3gen.flash_attn_func(q, k, v, scale, causal, **kw) if variant else peers["cudnn"]().transpose(1, 2)
             flops = attn_fwd_flops(b, h, s, s, d, causal)
             fns = {"cudnn": peers["cudnn"], "flash": peers["flash"]}

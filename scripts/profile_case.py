@@ -65,5 +65,6 @@ def profile_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
             fp8_ops.flash_attn_fp8_func(inputs, None, causal, kernel=kernel)
     torch.cuda.synchronize()
 
+
 if __name__ == "__main__":
     main()
