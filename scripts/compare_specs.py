@@ -1,4 +1,4 @@
-"""Times forward specs side by side with cuDNN and FA2 (torch SDPA), one process, the FA3 setup.
+"""Times forward or backward specs side by side with cuDNN and FA2 (torch SDPA), one process, the FA3 setup.
 
 For each (dtype, head_dim, causal) group of the given specs and each seqlen (16k tokens, hidden
 2048), every spec's kernel and both peers run on the same inputs with the bench's CUDA-event
@@ -10,6 +10,9 @@ CUDA graph of 10 calls instead, which takes the host's per-call cost out: the ke
 softcap, and "alibi": true for per-head slopes in [0, 1)); each kernel's output is then checked
 against fa3gen.flash_attn_func's with the same values (the default kernel of that variant), and
 the peers, timed without the variant, count the same FLOPs (the full or causal problem's).
+Backward specs (kind "bwd") time fa3gen's op-level backward with that kernel against autograd
+through each SDPA backend, as `fa3gen bench --pass bwd` does, on the same q, k, v and dout; each
+kernel's dq, dk, dv are checked against cuDNN's.
 
 Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] [--graph] [--variant JSON] SPEC_JSON [SPEC_JSON ...]
        python scripts/compare_specs.py @specs.jsonl   # one spec JSON per line
@@ -28,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
-from fa3gen.bench import (CALLS_PER_GRAPH, _fwd_fns, attn_fwd_flops, bench_cases, cuda_graph_of,  # noqa: E402
-                          time_cuda_ms_interleaved)
+from fa3gen.bench import (CALLS_PER_GRAPH, _bwd_fns, _fwd_fns, attn_bwd_flops, attn_fwd_flops,  # noqa: E402
+                          bench_cases, cuda_graph_of, time_cuda_ms_interleaved)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -44,35 +47,70 @@ def _variant_kwargs(variant: dict, h: int) -> dict:
     return out
 
 
+def _fwd_kernel_fns(kernels: list, q, k, v, scale: float, causal: bool, variant: dict | None,
+                    tol: float) -> tuple[dict, int]:
+    """The peers' and each forward kernel's {name: fn}, and how many kernels' outputs mismatched."""
+    peers, _ = _fwd_fns(q, k, v, scale, causal)
+    kw = _variant_kwargs(variant, q.shape[2]) if variant else {}
+    ref = fa3gen.flash_attn_func(q, k, v, scale, causal, **kw) if variant else peers["cudnn"]().transpose(1, 2)
+    fns, failed = {"cudnn": peers["cudnn"], "flash": peers["flash"]}, 0
+    for kernel in kernels:
+        fn = lambda kernel=kernel: kernel(q, k, v, softmax_scale=scale, **kw)  # noqa: E731
+        diff = float((fn().float() - ref.float()).abs().max())
+        if diff > tol:
+            failed += 1
+            print(f"MISMATCH {kernel.spec.name} s{q.shape[1]}: max abs diff vs {'the default' if variant else 'cuDNN'} "
+                  f"{diff:.1e}", flush=True)
+        fns[kernel.spec.name] = fn
+    return fns, failed
+
+
+def _bwd_kernel_fns(kernels: list, q, k, v, scale: float, causal: bool, seed: int,
+                    tol: float) -> tuple[dict, int]:
+    """The peers' and each backward kernel's {name: fn} on one dout (the same seed), and how many
+    kernels' gradients mismatched cuDNN's."""
+    fns, ref, failed = {}, None, 0
+    for kernel in kernels:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        impls, outputs = _bwd_fns(q, k, v, scale, causal, gen, kernel)
+        if ref is None:
+            fns.update(cudnn=impls["cudnn"], flash=impls["flash"])
+            ref = outputs["cudnn"]()
+        # Largest error relative to the largest gradient entry, over dq, dk and dv.
+        diff = max(float((g.float() - r.float()).abs().max() / r.float().abs().max())
+                   for g, r in zip(outputs["fa3gen"](), ref))
+        if not diff <= tol:
+            failed += 1
+            print(f"MISMATCH {kernel.spec.name} s{q.shape[1]}: dq/dk/dv vs cuDNN: max abs diff / max abs {diff:.1e}",
+                  flush=True)
+        fns[kernel.spec.name] = impls["fa3gen"]
+    return fns, failed
+
+
 def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5, reps: int = 20,
             graph: bool = False, variant: dict | None = None) -> int:
     failures = 0
-    key = lambda s: (s.dtype, s.head_dim, s.causal)  # noqa: E731
-    for (dt, d, causal), group in groupby(sorted(specs, key=key), key=key):
+    key = lambda s: (s.kind, s.dtype, s.head_dim, s.causal)  # noqa: E731
+    for (kind, dt, d, causal), group in groupby(sorted(specs, key=key), key=key):
         group = list(group)
         kernels = [fa3gen.compile(s) for s in group]
         names = [s.name for s in group]
         how = f", CUDA graphs of {CALLS_PER_GRAPH} calls" if graph else ""
-        print(f"\n### {dt} d{d} {'causal' if causal else 'full'} (TFLOP/s{how}; ratio to the best peer)")
+        print(f"\n### {kind} {dt} d{d} {'causal' if causal else 'full'} (TFLOP/s{how}; ratio to the best peer)")
         print("| seqlen | cuDNN | FA2 | " + " | ".join(names) + " |")
         print("|---" * (3 + len(names)) + "|")
         for _, s, b, h, _ in bench_cases([d], seqlens, [causal]):
             gen = torch.Generator(device="cuda").manual_seed(s + d)
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dt], generator=gen) for _ in range(3))
             scale = 1 / math.sqrt(d)
-            peers, _ = _fwd_fns(q, k, v, scale, causal)
-            kw = _variant_kwargs(variant, h) if variant else {}
-            ref = fa3gen.flash_attn_func(q, k, v, scale, causal, **kw) if variant else peers["cudnn"]().transpose(1, 2)
-            flops = attn_fwd_flops(b, h, s, s, d, causal)
-            fns = {"cudnn": peers["cudnn"], "flash": peers["flash"]}
-            for kernel in kernels:
-                fn = lambda kernel=kernel: kernel(q, k, v, softmax_scale=scale, **kw)  # noqa: E731
-                diff = float((fn().float() - ref.float()).abs().max())
-                if diff > (2e-2 if dt == "bf16" else 4e-3) * 4:
-                    failures += 1
-                    print(f"MISMATCH {kernel.spec.name} s{s}: max abs diff vs {'the default' if variant else 'cuDNN'} "
-                          f"{diff:.1e}", flush=True)
-                fns[kernel.spec.name] = fn
+            tol = (2e-2 if dt == "bf16" else 4e-3) * 4
+            if kind == "bwd":
+                fns, failed = _bwd_kernel_fns(kernels, q, k, v, scale, causal, s + d, tol / 2)
+                flops = attn_bwd_flops(b, h, s, s, d, causal)
+            else:
+                fns, failed = _fwd_kernel_fns(kernels, q, k, v, scale, causal, variant, tol)
+                flops = attn_fwd_flops(b, h, s, s, d, causal)
+            failures += failed
             calls = CALLS_PER_GRAPH if graph else 1
             if graph:
                 fns = {name: cuda_graph_of(fn, calls) for name, fn in fns.items()}
