@@ -40,6 +40,13 @@ BWD_REGISTER_SPLIT = (40, 232)
 # leaves room for Sᵀ, dPᵀ and dQ only up to 128. Wider heads split the head dim instead (block_n 64).
 BWD_MAX_KEYS_SPLIT_HEAD_DIM = 128
 BWD_BLOCK_M = 64  # query rows per backward step: the M of the dQ WGMMA, one per warpgroup
+# The backward's scheduler when unset: persistent CTAs ("lpt") where each consumer warpgroup owns
+# 64 keys (head dims up to 128), one CTA per key block ("grid") where they split the head dim.
+# Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s grid -> lpt): hdim 64
+# s1k 270 -> 284, s4k 338 -> 346, s16k 373 -> 376, causal +2-5%; hdim 128 s1k 354 -> 364, s4k
+# 484 -> 497, s16k 539 -> 543, causal +1-4%; hdim 256 s16k 411 -> 302 (ncu: twice the
+# long-scoreboard stalls, L2 throughput 76% -> 55%), so the head-dim split keeps the grid.
+BWD_PERSISTENT_DEFAULT = True
 # Registers a consumer thread needs beyond its accumulators (addresses, softmax state, indices).
 CONSUMER_REGISTER_OVERHEAD = 32
 
@@ -194,7 +201,8 @@ class KernelSpec(BaseModel):
     for 192 and 256, or when block_n=64 is asked for) and walks the query blocks (block_m = 64 rows) of every query head of
     its GQA group, so dK and dV stay in registers and need no reduction; dQ is accumulated in fp32
     scratch. deterministic=True orders those dQ additions (bit-identical gradients run to run).
-    The forward-only switches (pingpong, intra_wg_overlap, scheduler, epilogue) do not apply to it.
+    The forward-only switches (pingpong, intra_wg_overlap, epilogue, ...) do not apply to it;
+    scheduler may be "grid" (one CTA per key block) or "lpt" (persistent CTAs claiming key blocks).
 
     Fields left as None are filled with the per-head-dim defaults, so two specs that mean the
     same kernel compare, serialize and hash the same.
@@ -251,6 +259,8 @@ class KernelSpec(BaseModel):
     # How tiles map to CTAs: "grid" one CTA per tile; "static" a persistent grid (one CTA per SM)
     # walking tiles in a fixed stride; "lpt" persistent, claiming tiles dynamically from a global
     # counter, longest first. None: "static" when not causal (tiles are equal), "lpt" when causal.
+    # Backward ("grid" or "lpt"): a tile is one key block; "lpt" claims them in the launch order
+    # (causal: longest first), so one key block's dK/dV stores overlap the next one's loads.
     scheduler: Literal["grid", "static", "lpt"] | None = None
     # How O leaves the kernel: "tma" stages the tile in shared memory and writes it with one TMA
     # store that runs on while the next tile computes; "tma_v" stages it in the V stages' buffer
@@ -380,10 +390,12 @@ class KernelSpec(BaseModel):
         if data.get("block_n") is None:
             wide = isinstance(d, int) and d > BWD_MAX_KEYS_SPLIT_HEAD_DIM
             data["block_n"] = WGMMA_M if wide else WGMMA_M * (nwg if isinstance(nwg, int) else 2)
+        keys_split = data["block_n"] == WGMMA_M * nwg if isinstance(nwg, int) else False
+        scheduler = "lpt" if BWD_PERSISTENT_DEFAULT and keys_split else "grid"
         for field, default in (("block_m", BWD_BLOCK_M), ("intra_wg_overlap", False), ("q_buffers", 1),
                                ("inter_tile_overlap", False), ("programmatic_launch", False),
                                ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
-                               ("scheduler", "grid"), ("epilogue", "direct")):
+                               ("scheduler", scheduler), ("epilogue", "direct")):
             if data.get(field) is None:
                 data[field] = default
         if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile)
@@ -444,11 +456,13 @@ class KernelSpec(BaseModel):
                                           ("programmatic_launch", self.programmatic_launch),
                                           ("lazy_rescale", self.lazy_rescale),
                                           ("row_reduce_chains", self.row_reduce_chains != 1),
-                                          ("scheduler", self.scheduler != "grid"),
                                           ("epilogue", self.epilogue != "direct"),
                                           ("q_buffers", self.q_buffers != 1)) if on]
         if fwd_only:
             raise ValueError(f"{', '.join(fwd_only)} apply to forward kernels only; leave them unset for kind='bwd'")
+        if self.scheduler == "static":
+            raise ValueError("backward scheduler='static' is not available: use 'grid' (one CTA per key block) or "
+                             "'lpt' (persistent CTAs claiming key blocks in order)")
         if self.score_mod is not None and self.score_mod.grad is None:
             raise ValueError(f"a backward kernel with score_mod {self.score_mod.expr!r} needs score_mod.grad, its "
                              "derivative d(score_mod)/d(score) as an expression of the same names "
@@ -629,7 +643,7 @@ class KernelSpec(BaseModel):
         sched += {"tma": "_otma", "tma_v": "_otmav", "direct": ""}[str(self.epilogue)]
         sched += "_q2" if self.q_buffers == 2 else ""
         if self.kind == "bwd":
-            sched = "_det" if self.deterministic else ""
+            sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)

@@ -3,9 +3,10 @@
 //
 // FlashAttention-3-style backward pass for sm_90a: dQ, dK, dV from Q, K, V, O, dO and the forward's
 // LSE. Three launches: a preprocess (D = rowsum(dO ∘ O), LSE in log2 units), the main kernel and a
-// dQ conversion. In the main kernel each CTA owns 64 keys of one kv head. Warpgroup 0
-// is the producer (one thread loads K and V once, then Q, dO, LSE and D of each query block of
-// every query head in the GQA group through a 2-stage pipeline); warpgroups
+// dQ conversion. In the main kernel a CTA works on 64 keys of one kv head at a time
+// (one key block per CTA). Warpgroup 0
+// is the producer (one thread loads a key block's K and V, then Q, dO, LSE and D of each query block
+// of every query head in the GQA group through a 2-stage pipeline); warpgroups
 // 1..2 share the keys and split the head dim and keep dK and dV in fp32
 // registers across all query blocks.
 // Each step's dQ tile goes through shared memory to warp 1, which adds it into an fp32
@@ -13,6 +14,7 @@
 // No torch headers: the library speaks the C ABI of fa3gen/abi.h.
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // WGMMA N of any multiple of 8, e.g. 48 (hdim 96 dQ halves)
 #include "fa3gen/tensor_map.cuh"  // before CUTLASS: how it reaches the TMA encoder
+#include <algorithm>
 #include <cmath>
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -45,6 +47,10 @@ constexpr int kBlockN = 64;  // keys of the CTA
 constexpr int kStages = 2;
 constexpr bool kCausal = true;
 constexpr bool kDeterministic = false;
+// "lpt": a persistent grid (one CTA per SM) whose CTAs claim key blocks from a counter in the launch
+// order below, so one key block's dK/dV stores and the next one's K/V and first Q/dO loads overlap;
+// "grid": one CTA per key block.
+constexpr bool kPersistent = false;
 constexpr int kConsumerWarpgroups = 2;
 constexpr int kMmaThreads = 128 * kConsumerWarpgroups;
 constexpr int kThreads = 128 + kMmaThreads;  // warpgroup 0 produces, the others consume
@@ -157,7 +163,9 @@ struct SharedStorage {
   alignas(128) float dq[kDqBuffers][kBlockM * kHeadDim];
   alignas(16) float lse_log2[kStages][kBlockM];  // log2-domain LSE of the block's rows (+inf: no keys)
   alignas(16) float dpsum[kStages][kBlockM];     // D = rowsum(dO ∘ O) of the block's rows
-  alignas(8) uint64_t kv_full;                   // transaction barrier: K and V have landed
+  alignas(8) uint64_t kv_full;                   // transaction barrier: K and V of a key block have landed
+  alignas(8) uint64_t kv_empty;                  // every consumer is done with K and V, the writer has its tile
+  int tile;                                      // the key block that kv_full announces (-1: none left)
   typename PipelineQ::SharedStorage pipeline_q;
 };
 static_assert(sizeof(SharedStorage) <= 231424, "shared storage exceeds the spec's budget");
@@ -185,31 +193,45 @@ struct KernelParams {
   float const* lse_log2;   // (batch, nheads_q, seqlen_q_rounded)
   float const* dpsum;      // (batch, nheads_q, seqlen_q_rounded)
   int* dq_semaphore;       // (batch, nheads_q, num_m_blocks): key blocks that have added into a dQ block
+  int* tile_counter;       // key blocks claimed past the grid's first ones (persistent), zeroed
   int32_t batch, seqlen_q, seqlen_k, nheads_q, nheads_kv, seqlen_q_rounded;
   float softmax_scale;
   float scale_log2;
   VariantParams variant;
 };
 
-// Causal key blocks differ in work (the first sees every query block, the last one or two): CTAs are
-// launched longest first over groups of kCausalGroup (batch, kv head) pairs, so the grid ends on short
+// Causal key blocks differ in work (the first sees every query block, the last one or two): they
+// run longest first over groups of kCausalGroup (batch, kv head) pairs, so the launch ends on short
 // ones, while the Q and dO the running CTAs stream are those of a few heads (L2-resident).
-// Otherwise one (batch, kv head) after another, its key blocks in order.
+// Otherwise one (batch, kv head) after another, its key blocks in order. Either way every key block
+// of a (batch, kv head) comes after the ones before it: the deterministic dQ order relies on it.
 constexpr int kCausalGroup = 4;
-struct CtaCoordinates {
+struct TileCoordinates {
   int n_block, head_kv, batch;
 };
-__device__ __forceinline__ CtaCoordinates cta_coordinates(KernelParams const& p) {
+__device__ __forceinline__ int num_tiles(KernelParams const& p) {
+  return cute::ceil_div(p.seqlen_k, int(kBlockN)) * p.nheads_kv * p.batch;
+}
+__device__ __forceinline__ TileCoordinates tile_coordinates(KernelParams const& p, int tile) {
+  int const n_blocks = cute::ceil_div(p.seqlen_k, int(kBlockN));
   if constexpr (kCausal) {
-    int const n_blocks = cute::ceil_div(p.seqlen_k, int(kBlockN));
     int const units = p.nheads_kv * p.batch;
-    int const group = int(blockIdx.x) / (kCausalGroup * n_blocks);
-    int const rest = int(blockIdx.x) - group * kCausalGroup * n_blocks;
+    int const group = tile / (kCausalGroup * n_blocks);
+    int const rest = tile - group * kCausalGroup * n_blocks;
     int const in_group = min(kCausalGroup, units - group * kCausalGroup);
     int const unit = group * kCausalGroup + rest % in_group;
     return {rest / in_group, unit % p.nheads_kv, unit / p.nheads_kv};
   }
-  return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  int const unit = tile / n_blocks;
+  return {tile - unit * n_blocks, unit % p.nheads_kv, unit / p.nheads_kv};
+}
+// The CTA's next key block after its current one; num_tiles(p) or more: none left. Tiles are
+// claimed in order, so a CTA only ever waits (deterministic dQ) on tiles that running CTAs hold.
+__device__ __forceinline__ int next_tile(KernelParams const& p) {
+  if constexpr (kPersistent) {
+    return int(gridDim.x) + atomicAdd(p.tile_counter, 1);
+  }
+  return num_tiles(p);
 }
 
 // ---- the spec's expressions: score_mod, mask_mod and their parameters ----
@@ -256,46 +278,72 @@ __device__ __forceinline__ bool visible(KernelParams const& p, int batch, int he
   return key < p.seqlen_k && key <= last_visible_key(p, row);
 }
 
-// ---- producer: one thread loads the CTA's K and V once, then per query block Q, dO and the rows'
+// ---- producer: one thread, per key block: K and V once, then per query block Q, dO and the rows'
 //      LSE and D through the stage pipeline, for every query head of the kv head's group ----
-__device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline,
-                                        int n_block, int head_kv, int batch, QueryBlockRange const& range) {
-  Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDim>{}, p.nheads_q, p.batch));
-  Tensor mDO = p.tma_do.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDimV>{}, p.nheads_q, p.batch));
+
+// K and V of key block `t` into their buffers, announced with the block's tile index on kv_full
+// (no bytes when no query block visits it). The consumers and the dQ writer read the index there.
+__device__ __forceinline__ void load_key_block(KernelParams const& p, SharedStorage& smem, int tile,
+                                               TileCoordinates const& t, bool visited) {
+  smem.tile = tile;
+  if (!visited) {
+    cutlass::arch::ClusterBarrier::arrive(&smem.kv_full);
+    return;
+  }
   Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDim>{}, p.nheads_kv, p.batch));
   Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDimV>{}, p.nheads_kv, p.batch));
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
-  Tensor sDO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutDO{});
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
-
-  Tensor gK = local_tile(mK(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-  Tensor gV = local_tile(mV(_, _, head_kv, batch), Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(n_block, _0{}));
+  Tensor gK = local_tile(mK(_, _, t.head_kv, t.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(t.n_block, _0{}));
+  Tensor gV = local_tile(mV(_, _, t.head_kv, t.batch), Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(t.n_block, _0{}));
   auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK(_, _, 0)), group_modes<0, 2>(gK));
   auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV(_, _, 0)), group_modes<0, 2>(gV));
   cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, kBytesK + kBytesV);
   copy(p.tma_k.with(smem.kv_full), tKgK, tKsK);
   copy(p.tma_v.with(smem.kv_full), tVgV, tVsV);
+}
+
+__device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline) {
+  Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDim>{}, p.nheads_q, p.batch));
+  Tensor mDO = p.tma_do.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDimV>{}, p.nheads_q, p.batch));
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+  Tensor sDO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutDO{});
 
   PipelineState write = cutlass::make_producer_start_state<PipelineQ>();
   int const group = p.nheads_q / p.nheads_kv;
-  for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
-    Tensor gQ = local_tile(mQ(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-    Tensor gDO = local_tile(mDO(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
-    auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    auto [tDOgDO, tDOsDO] = tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO), group_modes<0, 2>(gDO));
-    int64_t const row_stats = (int64_t(batch) * p.nheads_q + head) * p.seqlen_q_rounded;
-    for (int m_block = range.begin; m_block < range.end; ++m_block) {
-      pipeline.producer_acquire(write);
-      uint64_t* full = pipeline.producer_get_barrier(write);
-      int const stage = write.index();
-      copy(p.tma_q.with(*full), tQgQ(_, m_block), tQsQ(_, stage));
-      copy(p.tma_do.with(*full), tDOgDO(_, m_block), tDOsDO(_, stage));
-      SM90_BULK_COPY_G2S::copy(p.lse_log2 + row_stats + m_block * kBlockM, full, smem.lse_log2[stage], kBytesRowStats);
-      SM90_BULK_COPY_G2S::copy(p.dpsum + row_stats + m_block * kBlockM, full, smem.dpsum[stage], kBytesRowStats);
-      ++write;
+  int const tiles = num_tiles(p);
+  int round = 0;
+  for (int tile = int(blockIdx.x); tile < tiles; tile = next_tile(p), ++round) {
+    TileCoordinates const t = tile_coordinates(p, tile);
+    QueryBlockRange const range = query_block_range(p, t.n_block);
+    // The previous key block's K and V stay until its consumers' last GEMM (kv_empty); its dK/dV
+    // stores then run while these loads land.
+    if (round > 0) { cutlass::arch::ClusterBarrier::wait(&smem.kv_empty, (round - 1) & 1); }
+    load_key_block(p, smem, tile, t, range.begin < range.end);
+    CUTLASS_PRAGMA_NO_UNROLL  // one thread at 40 registers: unrolled, its loads' addresses spill
+    for (int head = t.head_kv * group; head < (t.head_kv + 1) * group; ++head) {
+      Tensor gQ = local_tile(mQ(_, _, head, t.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+      Tensor gDO = local_tile(mDO(_, _, head, t.batch), Shape<Int<kBlockM>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
+      auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tDOgDO, tDOsDO] = tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sDO), group_modes<0, 2>(gDO));
+      int64_t const row_stats = (int64_t(t.batch) * p.nheads_q + head) * p.seqlen_q_rounded;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int m_block = range.begin; m_block < range.end; ++m_block) {
+        pipeline.producer_acquire(write);
+        uint64_t* full = pipeline.producer_get_barrier(write);
+        int const stage = write.index();
+        copy(p.tma_q.with(*full), tQgQ(_, m_block), tQsQ(_, stage));
+        copy(p.tma_do.with(*full), tDOgDO(_, m_block), tDOsDO(_, stage));
+        SM90_BULK_COPY_G2S::copy(p.lse_log2 + row_stats + m_block * kBlockM, full, smem.lse_log2[stage], kBytesRowStats);
+        SM90_BULK_COPY_G2S::copy(p.dpsum + row_stats + m_block * kBlockM, full, smem.dpsum[stage], kBytesRowStats);
+        ++write;
+      }
     }
   }
+  // None left: the consumers and the writer stop on a tile of -1.
+  if (round > 0) { cutlass::arch::ClusterBarrier::wait(&smem.kv_empty, (round - 1) & 1); }
+  smem.tile = -1;
+  cutlass::arch::ClusterBarrier::arrive(&smem.kv_full);
 }
 
 // ---- consumers: per query block, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (WGMMA smem×smem), Pᵀ and dSᵀ in fp32,
@@ -338,69 +386,73 @@ __device__ __forceinline__ void bulk_reduce_add(float* global, float const* shar
 }
 
 // ---- dQ writer: one warp of the producer warpgroup adds each step's dQ tile from shared memory into
-//      the fp32 accumulator, so the consumers never wait on global atomics. Deterministic: the key
-//      blocks of a query block add in key-block order, each after the previous one's addition has
-//      completed. ----
-__device__ __forceinline__ void write_dq(KernelParams const& p, SharedStorage& smem, int n_block, int head_kv,
-                                         int batch, QueryBlockRange const& range) {
+//      the fp32 accumulator, so the consumers never wait on global atomics. It follows the key
+//      blocks that kv_full announces. Deterministic: the key blocks of a query block add in
+//      key-block order, each after the previous one's addition has completed. ----
+__device__ __forceinline__ void write_dq(KernelParams const& p, SharedStorage& smem) {
   bool const leader = cute::elect_one_sync();
   int const group = p.nheads_q / p.nheads_kv;
   int const num_m_blocks = cute::ceil_div(p.seqlen_q, int(kBlockM));
-  int const steps = group * (range.end - range.begin);
-  int step = 0, buffer = 0;
-  for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
-    int64_t const head_batch = int64_t(batch) * p.nheads_q + head;
-    int* semaphore = p.dq_semaphore + head_batch * num_m_blocks;
-    for (int m_block = range.begin; m_block < range.end; ++m_block) {
-      float* tile = p.dq_accum + (head_batch * num_m_blocks + m_block) * (kBlockM * kHeadDim);
-      cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, dq_full_barrier(buffer));
-      if (leader) {
-        if constexpr (kDeterministic) {
-          while (load_acquire(semaphore + m_block) != n_block - first_key_block(p, m_block)) {}
+  int buffer = 0;
+  for (int round = 0;; ++round) {
+    cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, round & 1);
+    int const tile = smem.tile;
+    __syncwarp();
+    if (leader) { cutlass::arch::ClusterBarrier::arrive(&smem.kv_empty); }  // the producer may announce the next
+    if (tile < 0) { break; }
+    TileCoordinates const t = tile_coordinates(p, tile);
+    QueryBlockRange const range = query_block_range(p, t.n_block);
+    CUTLASS_PRAGMA_NO_UNROLL  // at the producer warpgroup's 40 registers
+    for (int head = t.head_kv * group; head < (t.head_kv + 1) * group; ++head) {
+      int64_t const head_batch = int64_t(t.batch) * p.nheads_q + head;
+      int* semaphore = p.dq_semaphore + head_batch * num_m_blocks;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int m_block = range.begin; m_block < range.end; ++m_block) {
+        float* dq_tile = p.dq_accum + (head_batch * num_m_blocks + m_block) * (kBlockM * kHeadDim);
+        cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, dq_full_barrier(buffer));
+        if (leader) {
+          if constexpr (kDeterministic) {
+            while (load_acquire(semaphore + m_block) != t.n_block - first_key_block(p, m_block)) {}
+          }
+          bulk_reduce_add(dq_tile, smem.dq[buffer], kBytesDq);
+          tma_store_arrive();
+          if constexpr (kDeterministic) {
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the addition is complete, not just read
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+            __threadfence();
+            atomicAdd(semaphore + m_block, 1);
+          } else {
+            tma_store_wait<0>();  // the tile has been read out of shared memory
+          }
         }
-        bulk_reduce_add(tile, smem.dq[buffer], kBytesDq);
-        tma_store_arrive();
-        if constexpr (kDeterministic) {
-          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the addition is complete, not just read
-          asm volatile("fence.proxy.async.global;" ::: "memory");
-          __threadfence();
-          atomicAdd(semaphore + m_block, 1);
-        } else {
-          tma_store_wait<0>();  // the tile has been read out of shared memory
-        }
-      }
-      __syncwarp();
-      // The consumers wait on this before every tile but their first: no arrival is left over.
-      if (step + kDqBuffers < steps) {
+        __syncwarp();
+        // The consumers wait on this before they reuse the buffer, and once more at their end
+        // (drain_dq_buffers): no arrival is left over.
         cutlass::arch::NamedBarrier::arrive(kMmaThreads + kDqWriterThreads, dq_empty_barrier(buffer));
+        buffer = (buffer + 1) % kDqBuffers;
       }
-      ++step;
-      buffer = (buffer + 1) % kDqBuffers;
     }
   }
 }
 
 // Converts an fp32 accumulator of (rows, cols) to Element and stores it at base + row * row_stride + col
-// for rows below `rows`, two adjacent columns per store.
+// for rows below `rows`, two adjacent columns per store, each pair converted as it is stored (the
+// persistent consumers keep their setup live across this: no converted copy of the whole tile).
 template <class TensorAcc, class TensorCoord>
 __device__ __forceinline__ void store_rows(TensorAcc const& acc, TensorCoord const& coord, Element* base,
                                            int64_t row_stride, int rows) {
-  Tensor out = make_tensor<Element>(acc.layout());
-  fa3gen::convert_fragment<Element>(acc, out);
+  cutlass::NumericArrayConverter<Element, float, 2> convert;
+  auto const* pairs = reinterpret_cast<cutlass::Array<float, 2> const*>(raw_pointer_cast(acc.data()));
   CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(out); i += 2) {
+  for (int i = 0; i < size(acc); i += 2) {
     int const row = get<0>(coord(i));
     if (row < rows) {
-      cutlass::Array<Element, 2> pair;
-      pair[0] = out(i);
-      pair[1] = out(i + 1);
-      *reinterpret_cast<cutlass::Array<Element, 2>*>(base + row * row_stride + get<1>(coord(i))) = pair;
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(base + row * row_stride + get<1>(coord(i))) = convert(pairs[i / 2]);
     }
   }
 }
 
-__device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline, int n_block,
-                                        int head_kv, int batch, QueryBlockRange const& range, int mma_thread) {
+__device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline, int mma_thread) {
   TiledMmaS mma_s;
   TiledMmaDP mma_dp;
   TiledMmaDV mma_dv;
@@ -414,29 +466,21 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
   Tensor sDO = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutDO{});
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
   Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQt{});
   Tensor sDOt = make_tensor(make_smem_ptr(smem.dout.data()), SmemLayoutDOt{});
-  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutKt{});
   Tensor sDS = make_tensor(make_smem_ptr(smem.ds.data()), SmemLayoutDS{});
   Tensor sDSt = make_tensor(make_smem_ptr(smem.ds.data()), SmemLayoutDSt{});
 
   // Shared-memory operands as WGMMA descriptors; a trailing mode indexes the stage (or dS buffer).
-  Tensor tSrK = thread_s.partition_fragment_A(sK(_, _, 0));
   Tensor tSrQ = thread_s.partition_fragment_B(sQ);
-  Tensor tDPrV = thread_dp.partition_fragment_A(sV(_, _, 0));
   Tensor tDPrDO = thread_dp.partition_fragment_B(sDO);
   Tensor tDVrDOt = thread_dv.partition_fragment_B(sDOt);
   Tensor tDKrQt = thread_dk.partition_fragment_B(sQt);
   Tensor tDQrDS = thread_dq.partition_fragment_A(sDS);
-  Tensor tDQrKt = thread_dq.partition_fragment_B(sKt(_, _, 0));
   Tensor tSsDS = thread_s.partition_C(sDSt);  // where this thread's dSᵀ values go
 
   Tensor acc_dv = partition_fragment_C(mma_dv, Shape<Int<kBlockN>, Int<kHeadDimV>>{});
   Tensor acc_dk = partition_fragment_C(mma_dk, Shape<Int<kBlockN>, Int<kHeadDim>>{});
-  clear(acc_dv);
-  clear(acc_dk);
   // (key, query row) of every Sᵀ element this thread holds.
   Tensor tScS = thread_s.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
   Tensor s_coord = make_tensor(tScS.data(), fa3gen::accumulator_as_rows_cols(tScS.layout()));
@@ -449,84 +493,110 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   Tensor tDVrP = thread_dv.partition_fragment_A(sPt);
   Tensor tDKrDS = thread_dk.partition_fragment_A(sDSt);
 
-  cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, 0);
   PipelineState read;
   int buffer = 0;  // dS buffer of this step
   int dq_tiles = 0, dq_buffer = 0;  // dQ tiles handed to the writer so far, and the next one's buffer
   int const group = p.nheads_q / p.nheads_kv;
-  for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
-    for (int m_block = range.begin; m_block < range.end; ++m_block) {
-      Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      Tensor acc_dp = partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-      pipeline.consumer_wait(read);
-      int const stage = read.index();
-      fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_s, tSrK, tSrQ(_, _, _, stage), acc_s);
-      fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dp, tDPrV, tDPrDO(_, _, _, stage), acc_dp);
-      warpgroup_wait<1>();  // Sᵀ is ready; dPᵀ may still run
-      Tensor p_rows = make_tensor(acc_s.data(), fa3gen::accumulator_as_rows_cols(acc_s.layout()));
-      probabilities(p, p_rows, s_coord, smem.lse_log2[stage], n_block, m_block, batch, head);
-      fa3gen::convert_fragment<Element>(acc_s, tPrP);
-      // Both warpgroups' P in shared memory, then dV += Pᵀ·dO runs while dS is computed.
-      copy(tPrP, tSsP(_, _, _, buffer));
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kMmaThreads, kPBarrier);
-      fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_dv, tDVrP(_, _, _, buffer), tDVrDOt(_, _, _, stage), acc_dv);
-      warpgroup_wait<1>();  // dPᵀ is ready; dV may still run
+  for (int round = 0;; ++round) {
+    cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, round & 1);
+    int const tile = smem.tile;
+    if (tile < 0) { break; }
+    auto const [n_block, head_kv, batch] = tile_coordinates(p, tile);
+    QueryBlockRange const range = query_block_range(p, n_block);
+    clear(acc_dv);
+    clear(acc_dk);
+    for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
+      for (int m_block = range.begin; m_block < range.end; ++m_block) {
+        Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        Tensor acc_dp = partition_fragment_C(mma_dp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        pipeline.consumer_wait(read);
+        int const stage = read.index();
+        // K's and V's descriptors from an opaque pointer, so they are not kept live across the loops.
+        Tensor tSrK = thread_s.partition_fragment_A(make_tensor(make_smem_ptr(fa3gen::opaque(smem.k.data())), SmemLayoutK{})(_, _, 0));
+        Tensor tDPrV = thread_dp.partition_fragment_A(make_tensor(make_smem_ptr(fa3gen::opaque(smem.v.data())), SmemLayoutV{})(_, _, 0));
+        fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_s, tSrK, tSrQ(_, _, _, stage), acc_s);
+        fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dp, tDPrV, tDPrDO(_, _, _, stage), acc_dp);
+        warpgroup_wait<1>();  // Sᵀ is ready; dPᵀ may still run
+        Tensor p_rows = make_tensor(acc_s.data(), fa3gen::accumulator_as_rows_cols(acc_s.layout()));
+        probabilities(p, p_rows, s_coord, smem.lse_log2[stage], n_block, m_block, batch, head);
+        fa3gen::convert_fragment<Element>(acc_s, tPrP);
+        // Both warpgroups' P in shared memory, then dV += Pᵀ·dO runs while dS is computed.
+        copy(tPrP, tSsP(_, _, _, buffer));
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(kMmaThreads, kPBarrier);
+        fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_dv, tDVrP(_, _, _, buffer), tDVrDOt(_, _, _, stage), acc_dv);
+        warpgroup_wait<1>();  // dPᵀ is ready; dV may still run
 
-      // dSᵀ = Pᵀ ∘ (dPᵀ − D), D per query row (column).
-      Tensor ds_rows = make_tensor(acc_dp.data(), fa3gen::accumulator_as_rows_cols(acc_dp.layout()));
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < size<1>(ds_rows); ++c) {
-        float const d = smem.dpsum[stage][get<1>(s_coord(0, c))];
+        // dSᵀ = Pᵀ ∘ (dPᵀ − D), D per query row (column).
+        Tensor ds_rows = make_tensor(acc_dp.data(), fa3gen::accumulator_as_rows_cols(acc_dp.layout()));
         CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < size<0>(ds_rows); ++r) { ds_rows(r, c) = p_rows(r, c) * (ds_rows(r, c) - d); }
-      }
-      fa3gen::convert_fragment<Element>(acc_dp, tPrDS);
+        for (int c = 0; c < size<1>(ds_rows); ++c) {
+          float const d = smem.dpsum[stage][get<1>(s_coord(0, c))];
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < size<0>(ds_rows); ++r) { ds_rows(r, c) = p_rows(r, c) * (ds_rows(r, c) - d); }
+        }
+        fa3gen::convert_fragment<Element>(acc_dp, tPrDS);
 
-      // dQ needs dS over all the CTA's keys, so every warpgroup's dSᵀ goes through shared memory.
-      copy(tPrDS, tSsDS(_, _, _, buffer));
-      cutlass::arch::fence_view_async_shared();  // the WGMMA engine reads what these threads wrote
-      cutlass::arch::NamedBarrier::sync(kMmaThreads, kDsBarrier);
-      fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_dk, tDKrDS(_, _, _, buffer), tDKrQt(_, _, _, stage), acc_dk);
-      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-      fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dq, tDQrDS(_, _, _, buffer), tDQrKt, acc_dq);
-      warpgroup_wait<0>();
-      pipeline.consumer_release(read);  // Q and dO of this step are no longer read
-      ++read;
-      buffer ^= 1;
+        // dQ needs dS over all the CTA's keys, so every warpgroup's dSᵀ goes through shared memory.
+        copy(tPrDS, tSsDS(_, _, _, buffer));
+        cutlass::arch::fence_view_async_shared();  // the WGMMA engine reads what these threads wrote
+        cutlass::arch::NamedBarrier::sync(kMmaThreads, kDsBarrier);
+        fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_dk, tDKrDS(_, _, _, buffer), tDKrQt(_, _, _, stage), acc_dk);
+        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        Tensor tDQrKt = thread_dq.partition_fragment_B(make_tensor(make_smem_ptr(fa3gen::opaque(smem.k.data())), SmemLayoutKt{})(_, _, 0));
+        fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dq, tDQrDS(_, _, _, buffer), tDQrKt, acc_dq);
+        warpgroup_wait<0>();
+        pipeline.consumer_release(read);  // Q and dO of this step are no longer read
+        ++read;
+        buffer ^= 1;
 
-      // The dQ tile to shared memory, once the writer warp has read out the previous one; the
-      // writer adds it into the accumulator (scaled by softmax_scale when converted).
-      if (dq_tiles >= kDqBuffers) {
-        cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, dq_empty_barrier(dq_buffer));
+        // The dQ tile to shared memory, once the writer warp has read out the previous one; the
+        // writer adds it into the accumulator (scaled by softmax_scale when converted).
+        if (dq_tiles >= kDqBuffers) {
+          cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, dq_empty_barrier(dq_buffer));
+        }
+        float4* dq_tile = reinterpret_cast<float4*>(smem.dq[dq_buffer]);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc_dq) / 4; ++i) {
+          dq_tile[i * kMmaThreads + mma_thread] = make_float4(acc_dq(4 * i), acc_dq(4 * i + 1), acc_dq(4 * i + 2), acc_dq(4 * i + 3));
+        }
+        cutlass::arch::fence_view_async_shared();  // the bulk copy engine reads what these threads wrote
+        cutlass::arch::NamedBarrier::arrive(kMmaThreads + kDqWriterThreads, dq_full_barrier(dq_buffer));
+        ++dq_tiles;
+        dq_buffer = (dq_buffer + 1) % kDqBuffers;
       }
-      float4* dq_tile = reinterpret_cast<float4*>(smem.dq[dq_buffer]);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc_dq) / 4; ++i) {
-        dq_tile[i * kMmaThreads + mma_thread] = make_float4(acc_dq(4 * i), acc_dq(4 * i + 1), acc_dq(4 * i + 2), acc_dq(4 * i + 3));
-      }
-      cutlass::arch::fence_view_async_shared();  // the bulk copy engine reads what these threads wrote
-      cutlass::arch::NamedBarrier::arrive(kMmaThreads + kDqWriterThreads, dq_full_barrier(dq_buffer));
-      ++dq_tiles;
-      dq_buffer = (dq_buffer + 1) % kDqBuffers;
     }
-  }
 
-  // ---- epilogue: dK = softmax_scale · Σ dSᵀ·Q and dV = Σ Pᵀ·dO, stored from registers ----
-  CUTLASS_PRAGMA_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= p.softmax_scale; }
-  int const key0 = n_block * kBlockN;
-  Tensor tKcK = thread_dk.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  Tensor tVcV = thread_dv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
-  store_rows(acc_dk, tKcK, p.dk + batch * p.dk_batch_stride + head_kv * p.dk_head_stride + key0 * p.dk_row_stride,
-             p.dk_row_stride, p.seqlen_k - key0);
-  store_rows(acc_dv, tVcV, p.dv + batch * p.dv_batch_stride + head_kv * p.dv_head_stride + key0 * p.dv_row_stride,
-             p.dv_row_stride, p.seqlen_k - key0);
+    // The last GEMM that reads K and V has completed: the producer may load the next key block's.
+    cutlass::arch::ClusterBarrier::arrive(&smem.kv_empty);
+
+    // ---- epilogue: dK = softmax_scale · Σ dSᵀ·Q and dV = Σ Pᵀ·dO, stored from registers ----
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= p.softmax_scale; }
+    int const key0 = n_block * kBlockN;
+    Tensor tKcK = thread_dk.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    Tensor tVcV = thread_dv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
+    store_rows(acc_dk, tKcK, p.dk + batch * p.dk_batch_stride + head_kv * p.dk_head_stride + key0 * p.dk_row_stride,
+               p.dk_row_stride, p.seqlen_k - key0);
+    store_rows(acc_dv, tVcV, p.dv + batch * p.dv_batch_stride + head_kv * p.dv_head_stride + key0 * p.dv_row_stride,
+               p.dv_row_stride, p.seqlen_k - key0);
+  }
+  // The writer arrives on a buffer's empty barrier after each tile it reads out; consume the
+  // arrivals of the last tiles, so no named barrier is left half-arrived when the CTA exits.
+  for (int i = max(dq_tiles - kDqBuffers, 0); i < dq_tiles; ++i) {
+    cutlass::arch::NamedBarrier::sync(kMmaThreads + kDqWriterThreads, dq_empty_barrier(i % kDqBuffers));
+  }
 }
 
 // ---- preprocess and dQ conversion: the small kernels around the main one ----
-constexpr int kRowsPerPrepBlock = 8;  // one warp per query row
-constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte load
+constexpr int kVector = 16 / sizeof(Element);  // elements per 16-byte access
+// The preprocess gives each query row as many lanes as its 16-byte vectors of dO (up to a warp),
+// so a warp covers 32 / kLanesPerRow rows and no lane idles at head dim 64 or 128.
+constexpr int lanes_per_row(int vectors, int lanes = 1) {
+  return lanes >= vectors || lanes == 32 ? lanes : lanes_per_row(vectors, 2 * lanes);
+}
+constexpr int kLanesPerRow = lanes_per_row(kHeadDimV / kVector);
+constexpr int kRowsPerPrepBlock = 8 * (32 / kLanesPerRow);  // eight warps
 
 struct PrepParams {
   Element const* o;
@@ -534,6 +604,9 @@ struct PrepParams {
   float const* lse;
   float* lse_log2;
   float* dpsum;
+  float* dq_accum;
+  int* dq_semaphore;  // deterministic mode's, else null
+  int* tile_counter;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int64_t dout_batch_stride, dout_row_stride, dout_head_stride;
   int32_t seqlen_q, nheads_q, seqlen_q_rounded;
@@ -541,26 +614,34 @@ struct PrepParams {
 
 // Per query row: D = Σ dO ∘ O (fp32) and the LSE in log2 units. Rows that saw no key (LSE −inf) and
 // the padding rows up to seqlen_q_rounded get LSE +inf, so the main kernel's P is exactly 0 there.
-__global__ void __launch_bounds__(32 * kRowsPerPrepBlock) bwd_preprocess(PrepParams const p) {
-  int const lane = threadIdx.x % 32;
-  int const row = blockIdx.x * kRowsPerPrepBlock + threadIdx.x / 32;
+// Each row also zeroes its share (kHeadDim floats) of the fp32 dQ accumulator, which the main
+// kernel adds into, and its query block's dQ semaphore and the tile counter are zeroed here too:
+// that costs the writes alone, where memsets would be launches of their own for the same bytes.
+__global__ void __launch_bounds__(32 * 8) bwd_preprocess(PrepParams const p) {
+  int const lane = threadIdx.x % kLanesPerRow;
+  int const row = blockIdx.x * kRowsPerPrepBlock + threadIdx.x / kLanesPerRow;
   int const head = blockIdx.y, batch = blockIdx.z;
-  if (row >= p.seqlen_q_rounded) { return; }
+  if (row >= p.seqlen_q_rounded) { return; }  // whole groups of lanes: the shuffles below stay within one row
+  int64_t const index = (int64_t(batch) * p.nheads_q + head) * p.seqlen_q_rounded + row;
+  float4* zeros = reinterpret_cast<float4*>(p.dq_accum + index * kHeadDim);
+  for (int i = lane; i < kHeadDim / 4; i += kLanesPerRow) { zeros[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
+  if (lane == 0 && row % kBlockM == 0 && p.dq_semaphore != nullptr) { p.dq_semaphore[index / kBlockM] = 0; }
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) { *p.tile_counter = 0; }
   float dot = 0.f;
   if (row < p.seqlen_q) {
     Element const* o = p.o + batch * p.o_batch_stride + row * p.o_row_stride + head * p.o_head_stride;
     Element const* dout = p.dout + batch * p.dout_batch_stride + row * p.dout_row_stride + head * p.dout_head_stride;
-    for (int col = lane * kVector; col < kHeadDimV; col += 32 * kVector) {
+    for (int col = lane * kVector; col < kHeadDimV; col += kLanesPerRow * kVector) {
       cutlass::Array<Element, kVector> o_vec = *reinterpret_cast<cutlass::Array<Element, kVector> const*>(o + col);
       cutlass::Array<Element, kVector> do_vec = *reinterpret_cast<cutlass::Array<Element, kVector> const*>(dout + col);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kVector; ++i) { dot = fmaf(float(o_vec[i]), float(do_vec[i]), dot); }
     }
   }
+  unsigned const group = kLanesPerRow == 32 ? 0xffffffffu : ((1u << kLanesPerRow) - 1) << (threadIdx.x % 32 / kLanesPerRow * kLanesPerRow);
   CUTLASS_PRAGMA_UNROLL
-  for (int offset = 16; offset > 0; offset /= 2) { dot += __shfl_xor_sync(0xffffffff, dot, offset); }
+  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) { dot += __shfl_xor_sync(group, dot, offset); }
   if (lane == 0) {
-    int64_t const index = (int64_t(batch) * p.nheads_q + head) * p.seqlen_q_rounded + row;
     float const lse = row < p.seqlen_q ? p.lse[(int64_t(batch) * p.nheads_q + head) * p.seqlen_q + row] : -CUDART_INF_F;
     p.dpsum[index] = dot;
     p.lse_log2[index] = lse == -CUDART_INF_F ? CUDART_INF_F : lse * float(M_LOG2E);
@@ -577,28 +658,40 @@ struct ConvertParams {
 
 // dQ = softmax_scale · accumulator, rounded to Element. One CTA per (query block, head, batch) tile,
 // whose thread t reads what consumer thread t of the main kernel wrote (fragment order) and so knows
-// each value's (row, dim) from the same dQ MMA partition.
+// each value's (row, dim) from the same dQ MMA partition. The tile is put in row order in shared
+// memory first, so it leaves in whole 16-byte vectors of each row (fragment-order stores of 4 bytes
+// left most of each 32-byte sector unwritten, at a third of the bandwidth).
+constexpr int kConvertRowPitch = kHeadDim + kVector;  // the padding spreads a store's 8 rows over all banks
 __global__ void __launch_bounds__(kMmaThreads) bwd_convert_dq(ConvertParams const p) {
+  __shared__ alignas(16) Element staged[kBlockM * kConvertRowPitch];
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   int const t = threadIdx.x;
   int64_t const tile_index = (int64_t(batch) * p.nheads_q + head) * gridDim.x + m_block;
   float4 const* tile = reinterpret_cast<float4 const*>(p.dq_accum + tile_index * (kBlockM * kHeadDim));
   Tensor coord = TiledMmaDQ{}.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  Element* dq = p.dq + batch * p.dq_batch_stride + head * p.dq_head_stride;
-  int const row0 = m_block * kBlockM;
   CUTLASS_PRAGMA_UNROLL
   for (int i = 0; i < size(coord) / 4; ++i) {
     float4 const x = tile[i * kMmaThreads + t];
     float const values[4] = {x.x, x.y, x.z, x.w};
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < 4; j += 2) {  // values 2k and 2k+1 of a fragment are adjacent dims of one row
-      int const row = row0 + get<0>(coord(4 * i + j));
-      if (row < p.seqlen_q) {
-        cutlass::Array<Element, 2> pair;
-        pair[0] = Element(values[j] * p.softmax_scale);
-        pair[1] = Element(values[j + 1] * p.softmax_scale);
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + row * p.dq_row_stride + get<1>(coord(4 * i + j))) = pair;
-      }
+      cutlass::Array<Element, 2> pair;
+      pair[0] = Element(values[j] * p.softmax_scale);
+      pair[1] = Element(values[j + 1] * p.softmax_scale);
+      *reinterpret_cast<cutlass::Array<Element, 2>*>(staged + get<0>(coord(4 * i + j)) * kConvertRowPitch +
+                                                     get<1>(coord(4 * i + j))) = pair;
+    }
+  }
+  __syncthreads();
+  Element* dq = p.dq + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  int const row0 = m_block * kBlockM;
+  constexpr int kVectorsPerRow = kHeadDim / kVector;
+  CUTLASS_PRAGMA_UNROLL
+  for (int v = t; v < kBlockM * kVectorsPerRow; v += kMmaThreads) {
+    int const r = v / kVectorsPerRow, c = v % kVectorsPerRow * kVector;
+    if (row0 + r < p.seqlen_q) {
+      *reinterpret_cast<uint4*>(dq + (row0 + r) * p.dq_row_stride + c) =
+          *reinterpret_cast<uint4 const*>(staged + r * kConvertRowPitch + c);
     }
   }
 }
@@ -608,7 +701,6 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT Ker
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_bytes);
   int const warp = cutlass::canonical_warp_idx_sync();
   int const warpgroup = cutlass::canonical_warp_group_idx();
-  auto const [n_block, head_kv, batch] = cta_coordinates(p);
 
   if (warp == 0 && cute::elect_one_sync()) {
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
@@ -616,6 +708,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT Ker
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.kv_empty, kMmaThreads + 1);  // the consumers and the dQ writer
   }
   // Thread 0 issues every load, so it alone arrives (with the byte count) on the full barriers.
   typename PipelineQ::Params pipeline_params;
@@ -626,17 +719,16 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT Ker
   PipelineQ pipeline(smem.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialized before anyone waits on them
 
-  QueryBlockRange const range = query_block_range(p, n_block);
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      produce(p, smem, pipeline, n_block, head_kv, batch, range);
+      produce(p, smem, pipeline);
     } else if (warp == 1) {
-      write_dq(p, smem, n_block, head_kv, batch, range);
+      write_dq(p, smem);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    consume(p, smem, pipeline, n_block, head_kv, batch, range, int(threadIdx.x) - 128);
+    consume(p, smem, pipeline, int(threadIdx.x) - 128);
   }
 }
 
@@ -651,9 +743,10 @@ extern "C" const char* fa3gen_spec_json(void) { return R"FA3GEN_SPEC({"alibi":fa
 
 namespace {
 
-// The scratch of one launch: fp32 dQ accumulator, the rows' log2 LSE and D, dQ semaphores.
+// The scratch of one launch: the tile counter, fp32 dQ accumulator, the rows' log2 LSE and D, dQ
+// semaphores.
 struct Workspace {
-  int64_t dq_accum, lse_log2, dpsum, semaphore, total;  // byte offsets, and the size
+  int64_t tile_counter, dq_accum, lse_log2, dpsum, semaphore, total;  // byte offsets, and the size
 };
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -662,8 +755,9 @@ Workspace workspace_layout(Fa3genBwdParams const& a) {
   int64_t const rows = int64_t(a.batch) * a.nheads_q * round_up(a.seqlen_q, kBlockM);
   int64_t const m_blocks = int64_t(a.batch) * a.nheads_q * cute::ceil_div(a.seqlen_q, kBlockM);
   Workspace w{};
-  w.dq_accum = 0;
-  w.lse_log2 = round_up(rows * kHeadDim * 4, 256);
+  w.tile_counter = 0;
+  w.dq_accum = 256;
+  w.lse_log2 = w.dq_accum + round_up(rows * kHeadDim * 4, 256);
   w.dpsum = w.lse_log2 + round_up(rows * 4, 256);
   w.semaphore = w.dpsum + round_up(rows * 4, 256);
   w.total = w.semaphore + (kDeterministic ? round_up(m_blocks * 4, 256) : 0);
@@ -678,7 +772,7 @@ extern "C" int fa3gen_bwd(const Fa3genBwdParams* a, void* stream_) {
   if (a->batch == 0 || a->seqlen_q == 0 || a->nheads_q == 0) { return cudaSuccess; }
   if (a->seqlen_k <= 0 || a->nheads_kv <= 0 || a->nheads_q % a->nheads_kv != 0) { return cudaErrorInvalidValue; }
   if (a->workspace == nullptr || reinterpret_cast<uintptr_t>(a->workspace) % 256 != 0) { return cudaErrorInvalidValue; }
-  if (a->nheads_q > 65535 || a->batch > 65535) { return cudaErrorInvalidValue; }  // grid y and z
+  if (a->nheads_q > 65535 || a->batch > 65535) { return cudaErrorInvalidValue; }  // pre/post grids' y and z
   VariantParams variant{};
   if (!load_variant_params(a->variant, variant)) { return cudaErrorInvalidValue; }
   if (cudaError_t err = fa3gen::raise_smem_limit_once<bwd_kernel>(int(sizeof(SharedStorage))); err != cudaSuccess) {
@@ -689,22 +783,19 @@ extern "C" int fa3gen_bwd(const Fa3genBwdParams* a, void* stream_) {
   char* scratch = static_cast<char*>(a->workspace);
   int const seqlen_q_rounded = int(round_up(a->seqlen_q, kBlockM));
 
-  // The dQ accumulator (and the semaphores) start at zero; LSE and D are written by the preprocess.
-  if (cudaError_t err = cudaMemsetAsync(scratch, 0, w.lse_log2, stream); err != cudaSuccess) { return err; }
-  if (kDeterministic) {
-    if (cudaError_t err = cudaMemsetAsync(scratch + w.semaphore, 0, w.total - w.semaphore, stream); err != cudaSuccess) {
-      return err;
-    }
-  }
+  // The preprocess zeroes the dQ accumulator, the semaphores and the tile counter, and writes LSE and D.
   PrepParams prep{
       static_cast<Element const*>(a->o), static_cast<Element const*>(a->dout), a->lse,
       reinterpret_cast<float*>(scratch + w.lse_log2), reinterpret_cast<float*>(scratch + w.dpsum),
+      reinterpret_cast<float*>(scratch + w.dq_accum),
+      kDeterministic ? reinterpret_cast<int*>(scratch + w.semaphore) : nullptr,
+      reinterpret_cast<int*>(scratch + w.tile_counter),
       a->o_batch_stride, a->o_row_stride, a->o_head_stride,
       a->dout_batch_stride, a->dout_row_stride, a->dout_head_stride,
       a->seqlen_q, a->nheads_q, seqlen_q_rounded,
   };
   dim3 prep_grid(unsigned(cute::ceil_div(seqlen_q_rounded, kRowsPerPrepBlock)), unsigned(a->nheads_q), unsigned(a->batch));
-  bwd_preprocess<<<prep_grid, 32 * kRowsPerPrepBlock, 0, stream>>>(prep);
+  bwd_preprocess<<<prep_grid, 32 * 8, 0, stream>>>(prep);
 
   KernelParams p{
       make_tma_copy(SM90_TMA_LOAD{}, fa3gen::gmem_tensor(static_cast<Element const*>(a->q), a->seqlen_q, kHeadDim, a->nheads_q, a->batch, a->q_row_stride, a->q_head_stride, a->q_batch_stride),
@@ -723,16 +814,23 @@ extern "C" int fa3gen_bwd(const Fa3genBwdParams* a, void* stream_) {
       reinterpret_cast<float const*>(scratch + w.lse_log2),
       reinterpret_cast<float const*>(scratch + w.dpsum),
       reinterpret_cast<int*>(scratch + w.semaphore),
+      reinterpret_cast<int*>(scratch + w.tile_counter),
       a->batch, a->seqlen_q, a->seqlen_k, a->nheads_q, a->nheads_kv, seqlen_q_rounded,
       a->softmax_scale,
       a->softmax_scale * float(M_LOG2E),
       variant,
   };
-  // Every key block of a (batch, kv head) is launched after the ones before it (cta_coordinates): in
-  // deterministic mode a CTA waits only for CTAs launched before it, so never for one with no SM yet.
-  unsigned const n_blocks = unsigned(cute::ceil_div(a->seqlen_k, kBlockN));
-  dim3 grid = kCausal ? dim3(n_blocks * unsigned(a->nheads_kv) * unsigned(a->batch), 1, 1)
-                      : dim3(n_blocks, unsigned(a->nheads_kv), unsigned(a->batch));
+  // One CTA per key block, or (persistent) one per SM claiming key blocks in the same order.
+  int64_t const tiles = int64_t(cute::ceil_div(a->seqlen_k, kBlockN)) * a->nheads_kv * a->batch;
+  if (tiles > INT32_MAX) { return cudaErrorInvalidValue; }
+  int grid = int(tiles);
+  if constexpr (kPersistent) {
+    int sms = 0;
+    if (cudaError_t err = fa3gen::device_attribute<cudaDevAttrMultiProcessorCount>(&sms); err != cudaSuccess) {
+      return err;
+    }
+    grid = std::min(grid, sms);
+  }
   bwd_kernel<<<grid, kThreads, sizeof(SharedStorage), stream>>>(p);
 
   ConvertParams convert{

@@ -51,8 +51,9 @@ def bwd_inputs(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dtype=torch.bfloat16, device=
 @pytest.mark.parametrize(("d", "block_n", "stages"), [(64, 128, 2), (96, 128, 2), (128, 128, 2), (192, 64, 2),
                                                      (256, 64, 1)])
 def test_bwd_spec_defaults(d, block_n, stages):
-    """Up to hdim 128 each consumer warpgroup owns 64 keys; 192 and 256 share 64 and split the head
-    dim, and 256 has room for one stage beside its fp32 dQ tile."""
+    """Up to hdim 128 each consumer warpgroup owns 64 keys and the CTAs are persistent ("lpt"); 192
+    and 256 share 64 keys, split the head dim and run one CTA per key block, and 256 has room for
+    one stage beside its fp32 dQ tile."""
     spec = KernelSpec(kind="bwd", head_dim=d)
     assert spec.kind == "bwd" and not spec.deterministic and not spec.causal
     assert (spec.head_dim_v, spec.block_m, spec.block_n, spec.stages) == (d, 64, block_n, stages)
@@ -60,7 +61,11 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.num_consumer_warpgroups == 2
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
-    assert KernelSpec(kind="bwd", head_dim=d, deterministic=True).name.endswith("_det")
+    assert spec.scheduler == ("grid" if block_n == 64 else "lpt")
+    assert spec.name.endswith("_lpt") == (spec.scheduler == "lpt")
+    assert "_det" in KernelSpec(kind="bwd", head_dim=d, deterministic=True).name
+    # block_n 64 below hdim 128 splits the head dim too, so it keeps the grid.
+    assert KernelSpec(kind="bwd", head_dim=64, block_n=64).scheduler == "grid"
 
 
 @pytest.mark.parametrize(
@@ -75,7 +80,7 @@ def test_bwd_spec_defaults(d, block_n, stages):
         ({"kind": "bwd", "head_dim": 64, "score_mod": {"expr": "score", "grad": "1 + nope"}},
          r"score_mod.grad '1 \+ nope' uses unknown name\(s\) nope"),
         ({"kind": "bwd", "head_dim": 128, "pingpong": True}, r"pingpong apply to forward kernels only"),
-        ({"kind": "bwd", "head_dim": 128, "scheduler": "lpt"}, r"scheduler apply to forward kernels only"),
+        ({"kind": "bwd", "head_dim": 128, "scheduler": "static"}, r"backward scheduler='static' is not available"),
         ({"head_dim": 128, "deterministic": True}, r"deterministic applies to backward kernels"),
         ({"kind": "both", "head_dim": 128}, r"kind"),
     ],

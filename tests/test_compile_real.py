@@ -39,8 +39,8 @@ SPECS = {
     # tile), hdim 96 fp16, whose dQ halves (N = 48) need K's narrower swizzle, the head-dim split of
     # 256 (one stage, P and dS through shared memory) and of 192 (Q's and dO's swizzle narrowed),
     # and a variant's backward (soft-capping's derivative in dS, causal).
-    # (The causal kernels of hdim 128 spill 12 bytes and those of 256 24 bytes, the variant kernels
-    # of hdim 128 more: values the consumers reload from L1. See BENCHMARKS.md.)
+    # The one of hdim 64 runs persistent CTAs (scheduler "lpt", the default up to 128). Like every
+    # backward kernel here, none may spill.
     "bwd_d64_causal_deterministic": KernelSpec(kind="bwd", head_dim=64, causal=True, deterministic=True),
     "bwd_d96_fp16": REGISTRY["bwd_d96_fp16"],
     "bwd_d256": REGISTRY["bwd_d256_bf16"],

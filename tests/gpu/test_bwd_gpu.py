@@ -156,11 +156,20 @@ def poisoned_bwd(dout, q, k, v, scale, causal, deterministic):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _prebuilt_kernels():
-    """Build (or load) the forward and backward kernels once, in parallel, before the tests."""
-    specs = [fa3gen.default_spec(d, d, dt, c) for d in HEAD_DIMS for dt in DTYPES for c in (False, True)]
-    specs += [fa3gen.default_bwd_spec(d, d, dt, c, det) for d in HEAD_DIMS for dt in DTYPES
-              for c in (False, True) for det in (False, True)]
+def _prebuilt_kernels(request):
+    """Build (or load) the kernels of this module's selected parametrized tests once, in parallel,
+    before them (so a -k selection builds only its own); the others compile theirs on first use."""
+    specs = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is not request.module or "d" not in params:
+            continue
+        d, dt, causal = params["d"], params.get("dt", "bf16"), params.get("causal", False)
+        deterministic = params.get("deterministic", item.originalname == "test_deterministic_is_bit_identical")
+        specs += [fa3gen.default_spec(d, d, dt, causal), fa3gen.default_bwd_spec(d, d, dt, causal, deterministic)]
+        if item.originalname == "test_persistent_and_grid_schedulers_agree":
+            specs += [fa3gen.KernelSpec(kind="bwd", head_dim=d, dtype=dt, causal=causal, deterministic=deterministic,
+                                        scheduler=sched) for sched in ("grid", "lpt")]
     prebuild(specs)
 
 
@@ -181,6 +190,45 @@ def test_bwd_matches_reference(d, dt, causal, sq, sk, b, hq, hkv, layout, determ
             torch.testing.assert_close(h, g, rtol=2 * EPS[dt], atol=2 * EPS[dt] * float(g.abs().max()))
         else:
             assert torch.equal(h, g), f"{name} differs between two launches"
+
+
+# The persistent backward (scheduler "lpt", the default up to hdim 128) against one CTA per key
+# block ("grid"): both run each key block's arithmetic in the same order, so dk and dv (one CTA
+# each, no reduction) are the same bits, and dq too when deterministic. More key blocks than SMs,
+# ragged lengths, GQA, and key blocks that no query sees (causal, seqlen_k > seqlen_q).
+SCHEDULER_CASES = [
+    # d, dt, causal, deterministic, b, sq, sk, hq, hkv
+    (64, "bf16", True, False, 2, 2049, 2049, 6, 2),
+    (64, "fp16", False, True, 3, 1031, 517, 4, 4),
+    (96, "bf16", True, True, 1, 777, 2049, 4, 1),
+    (128, "bf16", False, False, 2, 1000, 4100, 8, 2),
+    (128, "fp16", True, True, 4, 517, 1031, 3, 3),
+    (256, "bf16", True, False, 2, 1031, 1031, 4, 2),
+]
+
+
+@pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", SCHEDULER_CASES)
+def test_persistent_and_grid_schedulers_agree(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
+    kernels = {sched: fa3gen.compile(fa3gen.KernelSpec(kind="bwd", head_dim=d, dtype=dt, causal=causal,
+                                                       deterministic=deterministic, scheduler=sched))
+               for sched in ("grid", "lpt")}
+    gen = torch.Generator(device="cuda").manual_seed(7000 + d + sq)
+    q, k, v = make_inputs(b, sq, sk, hq, hkv, d, d, DTYPES[dt], "contiguous", gen)
+    dout = make_dout(b, sq, hq, d, DTYPES[dt], "contiguous", gen)
+    scale = 1.0 / math.sqrt(d)
+    out, lse = ops._forward_impl(q, k, v, scale, causal)
+    grads = {}
+    for sched, kernel in kernels.items():
+        dq, dk, dv = (torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device) for t in (q, k, v))
+        ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, kernel)
+        torch.cuda.synchronize()
+        grads[sched] = (dq, dk, dv)
+    check_grads(q, k, v, dout, scale, causal, dt, grads["lpt"])
+    for name, g, h in zip(("dq", "dk", "dv"), grads["lpt"], grads["grid"]):
+        if name == "dq" and not deterministic:
+            torch.testing.assert_close(g, h, rtol=2 * EPS[dt], atol=2 * EPS[dt] * float(h.abs().max()))
+        else:
+            assert torch.equal(g, h), f"{name} differs between the lpt and grid schedulers"
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -28,6 +28,17 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TensorA const& tA, Ten
   if constexpr (kARegisters) { warpgroup_fence_operand(const_cast<TensorA&>(tA)); }
 }
 
+// The same pointer, opaque to the compiler. WGMMA descriptors built from it inside a loop are
+// computed where they are used (a few integer ops) instead of hoisted out of the loop and kept
+// live, one 64-bit register pair per K slice, across it: in kernels at the register limit those
+// hoisted descriptors are what spills.
+template <class T>
+__device__ __forceinline__ T* opaque(T* ptr) {
+  auto address = reinterpret_cast<uintptr_t>(ptr);
+  asm volatile("" : "+l"(address));
+  return reinterpret_cast<T*>(address);
+}
+
 // A WGMMA accumulator fragment is ((2, 2, N/8), MMA_M, MMA_N): per thread, column pairs, two rows
 // eight apart, and N/8 column groups. Softmax wants it as (rows, columns): ((2, MMA_M), (2, N/8, MMA_N)).
 template <class Layout>
