@@ -426,8 +426,8 @@ __device__ __forceinline__ void write_dq(KernelParams const& p, SharedStorage& s
           }
         }
         __syncwarp();
-        // The consumers wait on this before they reuse the buffer, and once more at their end
-        // (drain_dq_buffers): no arrival is left over.
+        // The consumers wait on this before they reuse the buffer, and for the last tiles once more
+        // before they exit: no arrival is left over.
         cutlass::arch::NamedBarrier::arrive(kMmaThreads + kDqWriterThreads, dq_empty_barrier(buffer));
         buffer = (buffer + 1) % kDqBuffers;
       }
@@ -436,8 +436,8 @@ __device__ __forceinline__ void write_dq(KernelParams const& p, SharedStorage& s
 }
 
 // Converts an fp32 accumulator of (rows, cols) to Element and stores it at base + row * row_stride + col
-// for rows below `rows`, two adjacent columns per store, each pair converted as it is stored (the
-// persistent consumers keep their setup live across this: no converted copy of the whole tile).
+// for rows below `rows`, two adjacent columns per store, each pair converted as it is stored (no
+// converted copy of the whole tile beside the accumulator).
 template <class TensorAcc, class TensorCoord>
 __device__ __forceinline__ void store_rows(TensorAcc const& acc, TensorCoord const& coord, Element* base,
                                            int64_t row_stride, int rows) {
@@ -596,7 +596,8 @@ constexpr int lanes_per_row(int vectors, int lanes = 1) {
   return lanes >= vectors || lanes == 32 ? lanes : lanes_per_row(vectors, 2 * lanes);
 }
 constexpr int kLanesPerRow = lanes_per_row(kHeadDimV / kVector);
-constexpr int kRowsPerPrepBlock = 8 * (32 / kLanesPerRow);  // eight warps
+constexpr int kPrepThreads = 256;  // eight warps
+constexpr int kRowsPerPrepBlock = kPrepThreads / kLanesPerRow;
 
 struct PrepParams {
   Element const* o;
@@ -617,7 +618,7 @@ struct PrepParams {
 // Each row also zeroes its share (kHeadDim floats) of the fp32 dQ accumulator, which the main
 // kernel adds into, and its query block's dQ semaphore and the tile counter are zeroed here too:
 // that costs the writes alone, where memsets would be launches of their own for the same bytes.
-__global__ void __launch_bounds__(32 * 8) bwd_preprocess(PrepParams const p) {
+__global__ void __launch_bounds__(kPrepThreads) bwd_preprocess(PrepParams const p) {
   int const lane = threadIdx.x % kLanesPerRow;
   int const row = blockIdx.x * kRowsPerPrepBlock + threadIdx.x / kLanesPerRow;
   int const head = blockIdx.y, batch = blockIdx.z;
@@ -795,7 +796,7 @@ extern "C" int fa3gen_bwd(const Fa3genBwdParams* a, void* stream_) {
       a->seqlen_q, a->nheads_q, seqlen_q_rounded,
   };
   dim3 prep_grid(unsigned(cute::ceil_div(seqlen_q_rounded, kRowsPerPrepBlock)), unsigned(a->nheads_q), unsigned(a->batch));
-  bwd_preprocess<<<prep_grid, 32 * 8, 0, stream>>>(prep);
+  bwd_preprocess<<<prep_grid, kPrepThreads, 0, stream>>>(prep);
 
   KernelParams p{
       make_tma_copy(SM90_TMA_LOAD{}, fa3gen::gmem_tensor(static_cast<Element const*>(a->q), a->seqlen_q, kHeadDim, a->nheads_q, a->batch, a->q_row_stride, a->q_head_stride, a->q_batch_stride),

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
-from fa3gen.bench import _bwd_fns, attn_bwd_flops, bench_cases  # noqa: E402
+from fa3gen.bench import _bwd_fns, _int_list, attn_bwd_flops, bench_cases  # noqa: E402
 
 
 def kernel_times(fn, calls: int) -> dict[str, float]:
@@ -51,9 +51,7 @@ def main() -> None:
     ap.add_argument("--spec", default=None, help="backward spec JSON for fa3gen (default: the registry's)")
     ap.add_argument("--under-ncu", action="store_true", help="just run the calls (ncu profiles them)")
     args = ap.parse_args()
-    hdims = [int(x) for x in args.hdim.split(",")]
-    seqlens = [int(x) for x in args.seqlens.split(",")]
-    for d, s, b, h, _ in bench_cases(hdims, seqlens, [args.causal]):
+    for d, s, b, h, _ in bench_cases(_int_list(args.hdim), _int_list(args.seqlens), [args.causal]):
         kernel = None
         if args.spec:
             fields = {**json.loads(args.spec), "kind": "bwd", "head_dim": d, "causal": args.causal}
