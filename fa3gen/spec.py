@@ -41,12 +41,22 @@ BWD_REGISTER_SPLIT = (40, 232)
 BWD_MAX_KEYS_SPLIT_HEAD_DIM = 128
 BWD_BLOCK_M = 64  # query rows per backward step: the M of the dQ WGMMA, one per warpgroup
 # The backward's scheduler when unset: persistent CTAs ("lpt") where each consumer warpgroup owns
-# 64 keys (head dims up to 128), one CTA per key block ("grid") where they split the head dim.
+# 64 keys (head dims up to 128), one CTA per key block ("grid") where they split the head dim
+# (except hdim 192, below).
 # Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s grid -> lpt): hdim 64
 # s1k 270 -> 284, s4k 338 -> 346, s16k 373 -> 376, causal +2-5%; hdim 128 s1k 354 -> 364, s4k
 # 484 -> 497, s16k 539 -> 543, causal +1-4%; hdim 256 s16k 411 -> 302 (ncu: twice the
-# long-scoreboard stalls, L2 throughput 76% -> 55%), so the head-dim split keeps the grid.
+# long-scoreboard stalls, L2 throughput 76% -> 55%), so the head-dim split keeps the grid, except
+# at hdim 192 (BWD_PERSISTENT_SPLIT_HEAD_DIMS), where the persistent CTAs won or tied (same H200,
+# 2026-12-01, same process, bf16, grid -> lpt): s1k 290 -> 311, s4k 389 -> 392, s16k 437 -> 436;
+# causal s1k 235 -> 241, s4k 350 -> 365, s16k 408 -> 408.
 BWD_PERSISTENT_DEFAULT = True
+BWD_PERSISTENT_SPLIT_HEAD_DIMS = (192,)
+# Causal backward: key blocks run longest first within groups of this many (batch, kv head) pairs
+# (causal_group), so the launch ends on short ones while the running CTAs stream the Q, dO and dQ
+# of a few heads. Measured on the H200 (2026-11-30): every head's first key block before any
+# second one (one group of all 16 heads at s16k) was 2-3% faster at s2k-8k and 2% slower at s16k.
+BWD_CAUSAL_GROUP_DEFAULT = 4
 # Registers a consumer thread needs beyond its accumulators (addresses, softmax state, indices).
 CONSUMER_REGISTER_OVERHEAD = 32
 
@@ -128,6 +138,9 @@ LAZY_RESCALE_LOG2 = 8
 # 128 one-Q-buffer kernel not causal +0-1%. hdim 64 loses (s2k 488 -> 448, causal s4k 404 -> 384).
 ROW_REDUCE_CHAINS_DEFAULT = 2
 ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V = 128
+
+# Fields that canonical_json leaves out at their filled default, per kind.
+_OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {"causal_group": {"fwd": None, "bwd": BWD_CAUSAL_GROUP_DEFAULT}}
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
@@ -212,6 +225,9 @@ class KernelSpec(BaseModel):
 
     kind: Literal["fwd", "bwd"] = "fwd"
     deterministic: bool = False
+    # Backward, causal: key blocks run longest first within groups of this many (batch, kv head)
+    # pairs. None: BWD_CAUSAL_GROUP_DEFAULT for backward specs; forward specs leave it unset.
+    causal_group: int | None = Field(default=None, ge=1, le=1024)
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
     # Inputs' element type. "e4m3": Q, K, V in float8_e4m3fn with descaling factors (fa3gen.fp8),
@@ -391,8 +407,10 @@ class KernelSpec(BaseModel):
             wide = isinstance(d, int) and d > BWD_MAX_KEYS_SPLIT_HEAD_DIM
             data["block_n"] = WGMMA_M if wide else WGMMA_M * (nwg if isinstance(nwg, int) else 2)
         keys_split = data["block_n"] == WGMMA_M * nwg if isinstance(nwg, int) else False
-        scheduler = "lpt" if BWD_PERSISTENT_DEFAULT and keys_split else "grid"
-        for field, default in (("block_m", BWD_BLOCK_M), ("intra_wg_overlap", False), ("q_buffers", 1),
+        persistent = keys_split or (d in BWD_PERSISTENT_SPLIT_HEAD_DIMS and data["block_n"] == WGMMA_M)
+        scheduler = "lpt" if BWD_PERSISTENT_DEFAULT and persistent else "grid"
+        for field, default in (("block_m", BWD_BLOCK_M), ("causal_group", BWD_CAUSAL_GROUP_DEFAULT),
+                               ("intra_wg_overlap", False), ("q_buffers", 1),
                                ("inter_tile_overlap", False), ("programmatic_launch", False),
                                ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
                                ("scheduler", scheduler), ("epilogue", "direct")):
@@ -495,6 +513,9 @@ class KernelSpec(BaseModel):
             return self
         if self.deterministic:
             raise ValueError("deterministic applies to backward kernels (kind='bwd'); the forward is deterministic")
+        if self.causal_group is not None:
+            raise ValueError("causal_group applies to backward kernels (kind='bwd'); the forward's lpt scheduler "
+                             "orders its tiles by itself")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None
@@ -644,6 +665,7 @@ class KernelSpec(BaseModel):
         sched += "_q2" if self.q_buffers == 2 else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
+            sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)
@@ -665,8 +687,15 @@ class KernelSpec(BaseModel):
         return self.epilogue in ("tma", "tma_v")
 
     def canonical_json(self) -> str:
-        """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """One JSON text per kernel: all fields, defaults filled, keys sorted, no whitespace. The
+        fields of _OMITTED_AT_DEFAULT are left out where they hold their default (reading the text
+        back fills it again): added after kernels were cached, they change no existing kernel's
+        JSON, source or cache key."""
+        data = self.model_dump(mode="json")
+        for field, default in _OMITTED_AT_DEFAULT.items():
+            if data[field] == default[self.kind]:
+                del data[field]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> KernelSpec:

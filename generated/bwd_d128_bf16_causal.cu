@@ -394,8 +394,10 @@ __device__ __forceinline__ void write_dq(KernelParams const& p, SharedStorage& s
   for (int round = 0;; ++round) {
     cutlass::arch::ClusterTransactionBarrier::wait(&smem.kv_full, round & 1);
     int const tile = smem.tile;
-    __syncwarp();
-    if (leader) { cutlass::arch::ClusterBarrier::arrive(&smem.kv_empty); }  // the producer may announce the next
+    // The producer may announce the next key block. Every lane arrives after its own read, so the
+    // barrier orders all 32 reads before the producer's next write (racecheck flagged one lane's
+    // arrival behind a __syncwarp).
+    cutlass::arch::ClusterBarrier::arrive(&smem.kv_empty);
     if (tile < 0) { break; }
     TileCoordinates const t = tile_coordinates(p, tile);
     QueryBlockRange const range = query_block_range(p, t.n_block);
@@ -700,7 +702,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT Ker
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
     cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.kv_empty, kMmaThreads + 1);  // the consumers and the dQ writer
+    cutlass::arch::ClusterBarrier::init(&smem.kv_empty, kMmaThreads + kDqWriterThreads);  // the consumers and the dQ writer's lanes
   }
   // Thread 0 issues every load, so it alone arrives (with the byte count) on the full barriers.
   typename PipelineQ::Params pipeline_params;

@@ -24,7 +24,9 @@
 #     all       doctor build sass tests sanitize bench cold
 # Env: OUT (default ./device-out), JOBS (16), FA3GEN_CACHE_DIR (default ./.devcache, carried),
 #      BENCH_ARGS (extra `fa3gen bench` args, e.g. "--hdim 128 --seqlens 2k,16k"), BENCH_DTYPES ("bf16 fp16"),
-#      PYTEST_ARGS (extra pytest args, e.g. "-k graph"), TESTS_TIMEOUT (s, 420), BENCH_TIMEOUT (s, 300),
+#      PYTEST_ARGS (extra pytest args, e.g. "-k graph"; with TEST_SHARDS: the test paths, default tests/gpu),
+#      TEST_SHARDS (';'-separated -k expressions, run as parallel pytest processes, e.g.
+#      "d64- or d96-;d128- or d192-;not (d64- or d96- or d128- or d192-)"), TESTS_TIMEOUT (s, 420), BENCH_TIMEOUT (s, 300),
 #      COMPARE_SPECS (for compare; built with the build step when it runs first)
 # The device allows 600 s per command: `all` may not fit; run subsets across calls.
 # A failing step does not stop later ones; the exit status is nonzero if any step failed.
@@ -110,11 +112,33 @@ step_sass() {
 }
 
 step_tests() {
-  local extra=()
+  local extra=() shards=() i rc=0
   "$PY" -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=300)
-  # shellcheck disable=SC2086
-  timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu tests/gpu -x -rs -p no:cacheprovider \
-    --durations=10 "${extra[@]}" ${PYTEST_ARGS:-}
+  if [[ -z ${TEST_SHARDS:-} ]]; then
+    # shellcheck disable=SC2086
+    timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu tests/gpu -x -rs -p no:cacheprovider \
+      --durations=10 "${extra[@]}" ${PYTEST_ARGS:-}
+    return
+  fi
+  # One pytest per ';'-separated -k expression, all at once: the tests are host-bound (float64
+  # references, SDPA baselines), so shards share the GPU well (the 248 backward tests: about 60 s
+  # in three shards). Their logs follow one another in this step's log, then a line per shard.
+  local logs
+  logs=$(mktemp -d)
+  mapfile -t shards < <(tr ';' '\n' <<<"$TEST_SHARDS" | sed '/^ *$/d')
+  for i in "${!shards[@]}"; do
+    # shellcheck disable=SC2086
+    timeout "${TESTS_TIMEOUT:-420}" "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider "${extra[@]}" \
+      -k "${shards[$i]}" ${PYTEST_ARGS:-tests/gpu} >"$logs/$i.log" 2>&1 &
+  done
+  for i in "${!shards[@]}"; do wait -n || rc=1; done
+  for i in "${!shards[@]}"; do echo "--- shard $i: -k ${shards[$i]}"; cat "$logs/$i.log"; done
+  for i in "${!shards[@]}"; do
+    echo "shard $i: $(grep -E '[0-9]+ (passed|failed|errors?|skipped)' "$logs/$i.log" | tail -1)"
+    grep -E "^(FAILED|ERROR)" "$logs/$i.log" | head -10
+  done
+  rm -rf "$logs"
+  return $rc
 }
 
 step_sanitize() {

@@ -51,9 +51,9 @@ def bwd_inputs(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dtype=torch.bfloat16, device=
 @pytest.mark.parametrize(("d", "block_n", "stages"), [(64, 128, 2), (96, 128, 2), (128, 128, 2), (192, 64, 2),
                                                      (256, 64, 1)])
 def test_bwd_spec_defaults(d, block_n, stages):
-    """Up to hdim 128 each consumer warpgroup owns 64 keys and the CTAs are persistent ("lpt"); 192
-    and 256 share 64 keys, split the head dim and run one CTA per key block, and 256 has room for
-    one stage beside its fp32 dQ tile."""
+    """Up to hdim 128 each consumer warpgroup owns 64 keys; 192 and 256 share 64 keys and split the
+    head dim, and 256 has room for one stage beside its fp32 dQ tile. The CTAs are persistent
+    ("lpt") except at 256 (one CTA per key block: the persistent order measured slower there)."""
     spec = KernelSpec(kind="bwd", head_dim=d)
     assert spec.kind == "bwd" and not spec.deterministic and not spec.causal
     assert (spec.head_dim_v, spec.block_m, spec.block_n, spec.stages) == (d, 64, block_n, stages)
@@ -61,11 +61,31 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.num_consumer_warpgroups == 2
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
-    assert spec.scheduler == ("grid" if block_n == 64 else "lpt")
+    assert spec.scheduler == ("grid" if d == 256 else "lpt")
     assert spec.name.endswith("_lpt") == (spec.scheduler == "lpt")
     assert "_det" in KernelSpec(kind="bwd", head_dim=d, deterministic=True).name
     # block_n 64 below hdim 128 splits the head dim too, so it keeps the grid.
     assert KernelSpec(kind="bwd", head_dim=64, block_n=64).scheduler == "grid"
+    assert spec.causal_group == 4 and not spec.name.endswith("_g4")
+
+
+def test_causal_group_is_a_backward_field_left_out_of_json_at_its_default():
+    """causal_group orders the causal backward's key blocks in groups of (batch, kv head) pairs:
+    filled for backward specs, refused for the forward, named when not the default, and written
+    to the canonical JSON only then, so the kernels that predate it keep their identity."""
+    default = KernelSpec(kind="bwd", head_dim=128, causal=True)
+    two = KernelSpec(kind="bwd", head_dim=128, causal=True, causal_group=2)
+    assert '"causal_group"' not in default.canonical_json() and '"causal_group":2' in two.canonical_json()
+    assert "causal_group" not in KernelSpec(head_dim=128).canonical_json()
+    for spec in (default, two, KernelSpec(head_dim=128)):
+        assert KernelSpec.from_json(spec.canonical_json()) == spec
+    assert two.name.endswith("_lpt_g2") and two.content_hash != default.content_hash
+    assert "constexpr int kCausalGroup = 2;" in fa3gen.render(two)
+    assert "constexpr int kCausalGroup = 4;" in fa3gen.render(default)
+    with pytest.raises(ValidationError, match=r"causal_group applies to backward kernels"):
+        KernelSpec(head_dim=128, causal=True, causal_group=2)
+    with pytest.raises(ValidationError, match=r"causal_group"):
+        KernelSpec(kind="bwd", head_dim=128, causal=True, causal_group=0)
 
 
 @pytest.mark.parametrize(

@@ -192,7 +192,7 @@ def test_bwd_matches_reference(d, dt, causal, sq, sk, b, hq, hkv, layout, determ
             assert torch.equal(h, g), f"{name} differs between two launches"
 
 
-# The persistent backward (scheduler "lpt", the default up to hdim 128) against one CTA per key
+# The persistent backward (scheduler "lpt", the default up to hdim 192) against one CTA per key
 # block ("grid"): both run each key block's arithmetic in the same order, so dk and dv (one CTA
 # each, no reduction) are the same bits, and dq too when deterministic. More key blocks than SMs,
 # ragged lengths, GQA, and key blocks that no query sees (causal, seqlen_k > seqlen_q).
@@ -203,6 +203,7 @@ SCHEDULER_CASES = [
     (96, "bf16", True, True, 1, 777, 2049, 4, 1),
     (128, "bf16", False, False, 2, 1000, 4100, 8, 2),
     (128, "fp16", True, True, 4, 517, 1031, 3, 3),
+    (192, "fp16", True, True, 2, 1031, 777, 4, 2),
     (256, "bf16", True, False, 2, 1031, 1031, 4, 2),
 ]
 
