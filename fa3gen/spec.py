@@ -96,6 +96,12 @@ FP8_TILES = {64: (128, 192), 128: (128, 192), 192: (128, 128), 256: (128, 128)}
 WGMMA_K_FP8 = 32
 
 
+# FP8 forward kernels without a mask chain their tiles (two Q buffers, O stored from registers)
+# where two Q buffers and the O staging tile do not both fit (hdim 256): measured on the H200
+# against O through its staging tile with one Q buffer, same process, TFLOP/s: 2026-12-01 s16k
+# 1077 -> 1092, later that day s4k 987 -> 1007, s16k 1057 -> 1106. Causal kernels keep the O tile
+# (s4k 805 -> 792, s16k 946 -> 966: mixed).
+FP8_CHAINED_OVER_O_TILE = True
 # Inter-tile overlap by default wherever a spec allows it (two Q buffers, intra-warpgroup
 # overlap, a persistent scheduler): measured on the H200 (2026-11-30, bf16, 16k tokens,
 # interleaved timing, same process) against the same tiles without it: hdim 128 s512 438 -> 456
@@ -365,7 +371,12 @@ class KernelSpec(BaseModel):
         sizes = [data.get(f) for f in ("block_m", "block_n", "head_dim_v", "stages")]
         if data.get("epilogue") is None and d in SUPPORTED_HEAD_DIMS and all(isinstance(x, int) for x in sizes):
             dtype = str(data.get("dtype", "bf16"))
-            if _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma") <= SMEM_BUDGET_BYTES:
+            if FP8_CHAINED_OVER_O_TILE and dtype == "e4m3" and not causal and not data.get("window") \
+                    and data.get("q_buffers") in (None, 2) \
+                    and _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma", 2) > SMEM_BUDGET_BYTES \
+                    and _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "direct", 2) <= SMEM_BUDGET_BYTES:
+                data["epilogue"] = "direct"
+            elif _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma") <= SMEM_BUDGET_BYTES:
                 data["epilogue"] = "tma"
             elif O_IN_V_DEFAULT and _o_fits_in_v(dtype, sizes[0], sizes[1], sizes[2], sizes[3]) \
                     and not any(data.get(f) for f in _VARIANT_FIELDS):

@@ -116,9 +116,16 @@ def test_e4m3_spec_defaults(d):
     assert (spec.block_m, spec.block_n) == (bm, bn) and bm == 128 and bn % 32 == 0
     assert spec.pingpong  # the fp8 default schedule (two consumer warpgroups)
     assert spec.head_dim_v == d and spec.num_consumer_warpgroups == 2
-    assert spec.epilogue == "tma"  # its O staging buffer fits for every head dim
+    # Two Q buffers and chained tiles everywhere; at hdim 256 they leave no room for O's staging
+    # tile, so O is stored from registers there (FP8_CHAINED_OVER_O_TILE). The causal kernel
+    # keeps the tile and one Q buffer.
+    assert spec.q_buffers == 2 and spec.inter_tile_overlap
+    assert spec.epilogue == ("direct" if d == 256 else "tma")
+    causal = KernelSpec(head_dim=d, dtype="e4m3", causal=True)
+    assert causal.epilogue == "tma" and causal.q_buffers == (1 if d == 256 else 2)
     # 1 byte per fp8 element of Q, K, V; the O staging tile is 16-bit (2 bytes per element).
-    expected = spec.q_buffers * bm * d + spec.stages * bn * 2 * d + bm * d * 2 + 1024
+    o_tile = bm * d * 2 if spec.epilogue == "tma" else 0
+    expected = spec.q_buffers * bm * d + spec.stages * bn * 2 * d + o_tile + 1024
     assert spec.smem_bytes == expected <= SMEM_BUDGET_BYTES
     assert f"_d{d}_e4m3_obf16" in spec.name
     # None fills out_dtype: the explicit and the implicit spec are the same kernel.
