@@ -489,6 +489,9 @@ class KernelSpec(BaseModel):
                                           ("q_buffers", self.q_buffers != 1)) if on]
         if fwd_only:
             raise ValueError(f"{', '.join(fwd_only)} apply to forward kernels only; leave them unset for kind='bwd'")
+        if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
+            raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
+                             "not causal (its key blocks run in order): leave it unset")
         if self.scheduler == "static":
             raise ValueError("backward scheduler='static' is not available: use 'grid' (one CTA per key block) or "
                              "'lpt' (persistent CTAs claiming key blocks in order)")

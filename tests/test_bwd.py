@@ -86,6 +86,8 @@ def test_causal_group_is_a_backward_field_left_out_of_json_at_its_default():
         KernelSpec(head_dim=128, causal=True, causal_group=2)
     with pytest.raises(ValidationError, match=r"causal_group"):
         KernelSpec(kind="bwd", head_dim=128, causal=True, causal_group=0)
+    with pytest.raises(ValidationError, match=r"causal_group=2 orders a causal backward's key blocks"):
+        KernelSpec(kind="bwd", head_dim=128, causal_group=2)
 
 
 @pytest.mark.parametrize(
