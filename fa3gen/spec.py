@@ -55,7 +55,9 @@ BWD_PERSISTENT_SPLIT_HEAD_DIMS = (192,)
 # Causal backward: key blocks run longest first within groups of this many (batch, kv head) pairs
 # (causal_group), so the launch ends on short ones while the running CTAs stream the Q, dO and dQ
 # of a few heads. Measured on the H200 (2026-11-30): every head's first key block before any
-# second one (one group of all 16 heads at s16k) was 2-3% faster at s2k-8k and 2% slower at s16k.
+# second one (one group of all 16 heads at s16k) was 2-3% faster at s2k-8k and 2% slower at s16k;
+# (2026-12-01, same process, hdim 64 and 128 causal, s2k-16k) groups of 1 or 2 were up to 4% slower
+# at s4k-8k and groups of 8 within -0% / +3% of 4, so 4 stays.
 BWD_CAUSAL_GROUP_DEFAULT = 4
 # Registers a consumer thread needs beyond its accumulators (addresses, softmax state, indices).
 CONSUMER_REGISTER_OVERHEAD = 32
