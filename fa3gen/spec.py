@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -147,8 +148,47 @@ LAZY_RESCALE_LOG2 = 8
 ROW_REDUCE_CHAINS_DEFAULT = 2
 ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V = 128
 
-# Fields that canonical_json leaves out at their filled default, per kind.
-_OMITTED_AT_DEFAULT: dict[str, dict[str, Any]] = {"causal_group": {"fwd": None, "bwd": BWD_CAUSAL_GROUP_DEFAULT}}
+# Causal 16-bit forward kernels of these head dims keep Q in registers (q_registers). Measured on
+# the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s without -> with): hdim 128 causal,
+# one Q buffer s2k 509 -> 523, s16k 606 -> 622; chained with pingpong s2k 507 -> 517, s16k 599 ->
+# 616. Not causal it lost with one Q buffer (s2k 609 -> 572, s16k 669 -> 644) and tied chained (612
+# -> 619, 660 -> 667); hdim 64's three consumer warpgroups (160 registers) spilled 288 B.
+Q_REGISTERS_CAUSAL_HEAD_DIMS = (128,)
+
+
+def _q_registers_default(fields: dict[str, Any]) -> bool:
+    """q_registers when unset, from a forward spec's raw fields."""
+    d = fields.get("head_dim")
+    plain = not any(fields.get(name) for name in _VARIANT_FIELDS)  # the variants' kernels were not measured with it
+    return (fields.get("dtype", "bf16") in ("bf16", "fp16") and fields.get("causal") is True and plain
+            and d in Q_REGISTERS_CAUSAL_HEAD_DIMS and fields.get("head_dim_v") in (None, d))
+
+
+# Backward kernels of head dims up to this one, with the keys split, keep K and V in registers
+# (kv_registers) and run BWD_KV_REGISTERS_STAGES stages of Q and dO. At hdim 64 a step is bound by
+# shared-memory bandwidth more than by the tensor cores: per step and CTA its SS GEMMs, dS, the dQ
+# tile and the loads move about 208 KB through shared memory (1.6k cycles at 128 B a clock) against
+# 1.3k cycles of WGMMA at peak, and K and V as A operands were 32 KB of it. Their 32 registers a
+# thread fit beside hdim 64's accumulators, not hdim 96's (spilled 28-32 B, 3-15% slower).
+# Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s; 2 stages from shared
+# memory -> registers -> registers with 3 stages): s1k 297 -> 312 -> 315, s4k 350 -> 371 -> 380,
+# s16k 374 -> 390 -> 404; causal s1k 190 -> 204 -> 205, s4k 283 -> 299 -> 304, s16k 325 -> 341 -> 349.
+BWD_KV_REGISTERS_MAX_HEAD_DIM = 64
+BWD_KV_REGISTERS_STAGES = 3
+
+
+def _bwd_kv_registers_default(head_dim: Any, block_n: Any) -> bool:
+    """kv_registers when unset: on where the keys are split and the head dim is small enough."""
+    return isinstance(head_dim, int) and head_dim <= BWD_KV_REGISTERS_MAX_HEAD_DIM and block_n == 2 * WGMMA_M
+
+
+# Fields that canonical_json leaves out at their filled default: each maps a spec's fields (as
+# JSON) to that default. Added after kernels were cached, they change none of their keys.
+_OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "causal_group": lambda f: BWD_CAUSAL_GROUP_DEFAULT if f["kind"] == "bwd" else None,
+    "q_registers": lambda f: _q_registers_default(f) if f["kind"] == "fwd" else None,
+    "kv_registers": lambda f: _bwd_kv_registers_default(f["head_dim"], f["block_n"]) if f["kind"] == "bwd" else None,
+}
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
@@ -236,6 +276,10 @@ class KernelSpec(BaseModel):
     # Backward, causal: key blocks run longest first within groups of this many (batch, kv head)
     # pairs. None: BWD_CAUSAL_GROUP_DEFAULT for backward specs; forward specs leave it unset.
     causal_group: int | None = Field(default=None, ge=1, le=1024)
+    # Backward with the keys split: each consumer warpgroup keeps its 64 keys of K and V in registers
+    # for the whole key block, as the A operands of every step's Sᵀ and dPᵀ (register-sourced
+    # WGMMA), instead of reading them from shared memory at every step. Forward specs leave it unset.
+    kv_registers: bool | None = None
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
     # Inputs' element type. "e4m3": Q, K, V in float8_e4m3fn with descaling factors (fa3gen.fp8),
@@ -259,6 +303,10 @@ class KernelSpec(BaseModel):
     # On by default: measured on the H200 (2026-11-29, bf16, 16k tokens) it lifts hdim 128 at 8k from
     # 574 to 614 TFLOP/s and helps every head dim; pingpong alone did not pay (549).
     intra_wg_overlap: bool = True
+    # Q as the A operand of Q·Kᵀ from registers: each consumer warpgroup loads its 64 rows once per
+    # tile (ldmatrix), so each key block's Q·Kᵀ reads only K from shared memory. 16-bit forward
+    # kernels only. None: on for causal kernels of Q_REGISTERS_CAUSAL_HEAD_DIMS.
+    q_registers: bool | None = None
     # Inter-tile overlap: a tile's last P·V runs beside the next tile's first Q·Kᵀ, whose softmax
     # runs before this tile's epilogue, so short tiles do not leave the tensor cores idle at their
     # ends. Needs intra_wg_overlap, a persistent scheduler and two Q buffers.
@@ -397,6 +445,8 @@ class KernelSpec(BaseModel):
             data["lazy_rescale"] = LAZY_RESCALE_DEFAULT and _sixteen_bit_with_head_dim_v(data, LAZY_RESCALE_MIN_HEAD_DIM_V)
         if data.get("programmatic_launch") is None:
             data["programmatic_launch"] = PROGRAMMATIC_LAUNCH_DEFAULT
+        if data.get("q_registers") is None:
+            data["q_registers"] = _q_registers_default(data)
         if data.get("row_reduce_chains") is None:
             wide = _sixteen_bit_with_head_dim_v(data, ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V)
             data["row_reduce_chains"] = ROW_REDUCE_CHAINS_DEFAULT if wide else 1
@@ -426,15 +476,19 @@ class KernelSpec(BaseModel):
                                ("intra_wg_overlap", False), ("q_buffers", 1),
                                ("inter_tile_overlap", False), ("programmatic_launch", False),
                                ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
-                               ("scheduler", scheduler), ("epilogue", "direct")):
+                               ("scheduler", scheduler), ("epilogue", "direct"),
+                               ("kv_registers", _bwd_kv_registers_default(d, data["block_n"]))):
             if data.get(field) is None:
                 data[field] = default
-        if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile)
+        if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile), three with kv_registers
             sizes = (data.get("block_m"), data.get("block_n"), d, data.get("head_dim_v"))
-            # Sizes that are not ints are reported by their own fields.
-            two_fit = not all(isinstance(x, int) for x in sizes) or _bwd_smem_bytes(
-                str(data.get("dtype", "bf16")), *sizes, 2) <= SMEM_BUDGET_BYTES  # type: ignore[arg-type]
-            data["stages"] = 2 if two_fit else 1
+
+            def fits(stages: int) -> bool:  # sizes that are not ints are reported by their own fields
+                return not all(isinstance(x, int) for x in sizes) or _bwd_smem_bytes(
+                    str(data.get("dtype", "bf16")), *sizes, stages) <= SMEM_BUDGET_BYTES  # type: ignore[arg-type]
+
+            wanted = BWD_KV_REGISTERS_STAGES if data["kv_registers"] is True else 2
+            data["stages"] = next((n for n in range(wanted, 0, -1) if fits(n)), 1)
         return data
 
     def _check_fp8(self) -> None:
@@ -494,6 +548,11 @@ class KernelSpec(BaseModel):
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
             raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
                              "not causal (its key blocks run in order): leave it unset")
+        if self.q_registers is not None:
+            raise ValueError("q_registers applies to forward kernels; leave it unset for kind='bwd'")
+        if self.kv_registers and self.bwd_splits_head_dim:
+            raise ValueError("kv_registers needs each consumer warpgroup to own 64 keys (block_n=128): with the head "
+                             "dim split both read the same keys")
         if self.scheduler == "static":
             raise ValueError("backward scheduler='static' is not available: use 'grid' (one CTA per key block) or "
                              "'lpt' (persistent CTAs claiming key blocks in order)")
@@ -532,6 +591,11 @@ class KernelSpec(BaseModel):
         if self.causal_group is not None:
             raise ValueError("causal_group applies to backward kernels (kind='bwd'); the forward's lpt scheduler "
                              "orders its tiles by itself")
+        if self.kv_registers is not None:
+            raise ValueError("kv_registers applies to backward kernels (kind='bwd'); leave it unset for the forward")
+        if self.q_registers and self.is_fp8:
+            raise ValueError("q_registers is not available for dtype='e4m3' (an fp8 A operand from registers needs "
+                             "its own layout); leave it unset")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None
@@ -679,9 +743,11 @@ class KernelSpec(BaseModel):
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         sched += {"tma": "_otma", "tma_v": "_otmav", "direct": ""}[str(self.epilogue)]
         sched += "_q2" if self.q_buffers == 2 else ""
+        sched += "_qr" if self.q_registers else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""
+            sched += "_kvr" if self.kv_registers else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)
@@ -709,7 +775,7 @@ class KernelSpec(BaseModel):
         JSON, source or cache key."""
         data = self.model_dump(mode="json")
         for field, default in _OMITTED_AT_DEFAULT.items():
-            if data[field] == default[self.kind]:
+            if data[field] == default(data):
                 del data[field]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 

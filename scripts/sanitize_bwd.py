@@ -15,6 +15,8 @@ import fa3gen  # noqa: E402
 CASES = [  # b, sq, sk, hq, hkv, d, dtype, causal, deterministic[, variant]
     (1, 77, 200, 4, 2, 128, torch.bfloat16, True, False),
     (2, 150, 70, 2, 1, 64, torch.float16, True, True),
+    # hdim 64: K and V in registers, reloaded for each of a persistent CTA's key blocks.
+    (2, 300, 400, 4, 2, 64, torch.bfloat16, False, False),
     (1, 130, 130, 3, 3, 96, torch.bfloat16, False, True),
     (1, 64, 300, 2, 2, 128, torch.float16, False, False),
     # Head-dim split (P and dS exchanged through shared memory), one stage at 256.

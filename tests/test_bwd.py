@@ -48,12 +48,13 @@ def bwd_inputs(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dtype=torch.bfloat16, device=
 # specs and the registry
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("d", "block_n", "stages"), [(64, 128, 2), (96, 128, 2), (128, 128, 2), (192, 64, 2),
+@pytest.mark.parametrize(("d", "block_n", "stages"), [(64, 128, 3), (96, 128, 2), (128, 128, 2), (192, 64, 2),
                                                      (256, 64, 1)])
 def test_bwd_spec_defaults(d, block_n, stages):
     """Up to hdim 128 each consumer warpgroup owns 64 keys; 192 and 256 share 64 keys and split the
     head dim, and 256 has room for one stage beside its fp32 dQ tile. The CTAs are persistent
-    ("lpt") except at 256 (one CTA per key block: the persistent order measured slower there)."""
+    ("lpt") except at 256 (one CTA per key block: the persistent order measured slower there).
+    hdim 64 keeps K and V in registers and runs three stages."""
     spec = KernelSpec(kind="bwd", head_dim=d)
     assert spec.kind == "bwd" and not spec.deterministic and not spec.causal
     assert (spec.head_dim_v, spec.block_m, spec.block_n, spec.stages) == (d, 64, block_n, stages)
@@ -62,11 +63,37 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
     assert spec.scheduler == ("grid" if d == 256 else "lpt")
-    assert spec.name.endswith("_lpt") == (spec.scheduler == "lpt")
+    assert spec.name.removesuffix("_kvr").endswith("_lpt") == (spec.scheduler == "lpt")
     assert "_det" in KernelSpec(kind="bwd", head_dim=d, deterministic=True).name
     # block_n 64 below hdim 128 splits the head dim too, so it keeps the grid.
     assert KernelSpec(kind="bwd", head_dim=64, block_n=64).scheduler == "grid"
     assert spec.causal_group == 4 and not spec.name.endswith("_g4")
+    assert spec.kv_registers == (d == 64) and spec.name.endswith("_kvr") == (d == 64)
+
+
+def test_kv_registers_is_a_backward_field_left_out_of_json_at_its_default():
+    """kv_registers (K and V as register A operands of Sᵀ and dPᵀ): on by default at hdim 64 with
+    the keys split, written to the canonical JSON only where it differs from that default, so the
+    other head dims' kernels keep their identity; refused for the forward and with the head-dim
+    split; rendered as register-sourced WGMMAs loaded by ldmatrix."""
+    on = KernelSpec(kind="bwd", head_dim=64)
+    off = KernelSpec(kind="bwd", head_dim=64, kv_registers=False)
+    d128 = KernelSpec(kind="bwd", head_dim=128)
+    d128_on = KernelSpec(kind="bwd", head_dim=128, kv_registers=True)
+    assert '"kv_registers"' not in on.canonical_json() and '"kv_registers":false' in off.canonical_json()
+    assert '"kv_registers"' not in d128.canonical_json() and '"kv_registers":true' in d128_on.canonical_json()
+    assert "kv_registers" not in KernelSpec(head_dim=64).canonical_json()
+    for spec in (on, off, d128, d128_on, KernelSpec(head_dim=64)):
+        assert KernelSpec.from_json(spec.canonical_json()) == spec
+    assert (on.stages, off.stages) == (3, 2) and not off.name.endswith("_kvr")
+    assert KernelSpec(kind="bwd", head_dim=64, stages=2).kv_registers
+    assert "rs_op_selector<Element, Element, float, Shape<_64, Int<kScoreColumns>" in fa3gen.render(on)
+    assert "SM75_U32x4_LDSM_N" in fa3gen.render(on) and "SM75_U32x4_LDSM_N" not in fa3gen.render(off)
+    assert not KernelSpec(kind="bwd", head_dim=64, block_n=64).kv_registers
+    with pytest.raises(ValidationError, match=r"kv_registers applies to backward kernels"):
+        KernelSpec(head_dim=64, kv_registers=True)
+    with pytest.raises(ValidationError, match=r"kv_registers needs each consumer warpgroup to own 64 keys"):
+        KernelSpec(kind="bwd", head_dim=64, block_n=64, kv_registers=True)
 
 
 def test_causal_group_is_a_backward_field_left_out_of_json_at_its_default():

@@ -30,6 +30,8 @@ SPECS = {
     "fwd_d256_bf16_causal": REGISTRY["fwd_d256_bf16_causal"],
     "d128_fp16_pingpong_overlap": KernelSpec(head_dim=128, dtype="fp16", pingpong=True),
     "d96_causal_serial_grid": KernelSpec(head_dim=96, causal=True, intra_wg_overlap=False, scheduler="grid"),
+    # Q in registers (ldmatrix once per tile) for Q·Kᵀ: the causal hdim 128 kernels' default.
+    "fwd_d128_bf16_causal_long": REGISTRY["fwd_d128_bf16_causal_long"],
     # Variants: built-in window + softcap on the causal lpt kernel, and a custom score_mod over tensors.
     "d128_causal_window_softcap": KernelSpec(head_dim=128, causal=True, window=True, softcap=True),
     "d128_custom_relative_bias": KernelSpec(
@@ -39,8 +41,8 @@ SPECS = {
     # tile), hdim 96 fp16, whose dQ halves (N = 48) need K's narrower swizzle, the head-dim split of
     # 256 (one stage, P and dS through shared memory) and of 192 (Q's and dO's swizzle narrowed),
     # and a variant's backward (soft-capping's derivative in dS, causal).
-    # The one of hdim 64 runs persistent CTAs (scheduler "lpt", the default up to 128). Like every
-    # backward kernel here, none may spill.
+    # The ones of hdim 64 run persistent CTAs (scheduler "lpt", the default up to 128) and keep K
+    # and V in registers (kv_registers). Like every backward kernel here, none may spill.
     "bwd_d64_causal_deterministic": KernelSpec(kind="bwd", head_dim=64, causal=True, deterministic=True),
     "bwd_d96_fp16": REGISTRY["bwd_d96_fp16"],
     "bwd_d256": REGISTRY["bwd_d256_bf16"],
@@ -127,6 +129,10 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
         # dQ leaves through one bulk reduction per tile (UBLKRED), never per-element global atomics.
         assert "UBLKRED.G.S.ADD.F32" in sass, "no bulk fp32 reduction of the dQ tile"
         assert not re.search(r"\bREDG?\.E\.ADD\.F32", sass), "per-element dQ atomics"
+    # Register-sourced operands loaded from shared memory once (q_registers, kv_registers) use ldmatrix.
+    spec = SPECS[name]
+    if spec.q_registers or spec.kv_registers:
+        assert "LDSM" in sass, "no ldmatrix (LDSM) for the operands kept in registers"
     local = re.findall(r"\b(LDL|STL)\b", sass)
     # A 4-byte value spilled is one STL and (here) one LDL.
     assert len(local) <= 2 * SPILL_BYTES_ALLOWED.get(name, 0) // 4, f"local-memory traffic: {len(local)} LDL/STL instructions"

@@ -72,7 +72,7 @@ def test_epilogue_in_v_buffer_renders_a_producer_store(head_dim, block_n, schedu
     """epilogue="tma_v": the consumers stage O in the V stages' buffer and hand it over; the
     producer stores it before the next V load lands there, and for the last tile at the end."""
     spec = KernelSpec(head_dim=head_dim, block_n=block_n, causal=True, scheduler=scheduler, epilogue="tma_v")
-    assert spec.name.endswith("_otmav")
+    assert spec.name.removesuffix("_qr").endswith("_otmav")
     assert not spec.inter_tile_overlap  # the next tile's P·V would wait for the store
     # O needs no shared memory of its own.
     assert spec.smem_bytes == KernelSpec(head_dim=head_dim, block_n=block_n, epilogue="direct").smem_bytes
@@ -217,3 +217,28 @@ def test_row_reduce_chains_defaults_and_render(head_dim):
     if head_dim != 96:
         fp8 = KernelSpec(head_dim=head_dim, dtype="e4m3")
         assert fp8.row_reduce_chains == 1 and "/*kChains=*/1> softmax(" in render(fp8)
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_q_registers_defaults_and_render(head_dim):
+    """Q in registers for Q·Kᵀ: on by default for the plain causal 16-bit kernels of hdim 128 (where
+    it measured faster), off elsewhere; written to the canonical JSON only where it differs from
+    that default; rendered as a register-sourced Q·Kᵀ whose Q is loaded with ldmatrix after each
+    wait for a tile's Q; refused for e4m3 and for the backward."""
+    for causal in (False, True):
+        spec = KernelSpec(head_dim=head_dim, causal=causal)
+        assert spec.q_registers == (causal and head_dim == 128) and ("_qr" in spec.name) == spec.q_registers
+        assert "q_registers" not in spec.canonical_json() and KernelSpec.from_json(spec.canonical_json()) == spec
+        flipped = KernelSpec(head_dim=head_dim, causal=causal, q_registers=not spec.q_registers)
+        assert f'"q_registers":{str(flipped.q_registers).lower()}' in flipped.canonical_json()
+        assert KernelSpec.from_json(flipped.canonical_json()) == flipped
+    assert not KernelSpec(head_dim=128, causal=True, window=True).q_registers  # variants: not measured
+    on, off = (render(KernelSpec(head_dim=head_dim, q_registers=v)) for v in (True, False))
+    assert "GMMA::rs_op_selector<Element, Element, float, TileQK>" in on and "SM75_U32x4_LDSM_N" in on
+    assert "copy(copy_q, copy_q_src(_, _, _, read_q.index()), copy_q_dst);" in on and "tSrQ_buffers" not in on
+    assert "GMMA::ss_op_selector<Element, Element, float, TileQK>" in off and "copy_q" not in off
+    if head_dim != 96:
+        with pytest.raises(ValidationError, match="q_registers is not available for dtype='e4m3'"):
+            KernelSpec(head_dim=head_dim, dtype="e4m3", q_registers=True)
+    with pytest.raises(ValidationError, match="q_registers applies to forward kernels"):
+        KernelSpec(head_dim=head_dim, kind="bwd", q_registers=True)

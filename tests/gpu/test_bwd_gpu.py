@@ -206,30 +206,50 @@ SCHEDULER_CASES = [
     (192, "fp16", True, True, 2, 1031, 777, 4, 2),
     (256, "bf16", True, False, 2, 1031, 1031, 4, 2),
 ]
+# K and V held in registers for Sᵀ and dPᵀ (kv_registers) against read from shared memory at every
+# step: the same products in the same order, so the same bits (dq too when deterministic).
+KV_REGISTER_CASES = [
+    # d, dt, causal, deterministic, b, sq, sk, hq, hkv
+    (64, "bf16", False, False, 2, 1031, 1031, 4, 2),
+    (64, "bf16", True, True, 1, 2049, 2049, 6, 2),
+    (64, "fp16", True, False, 3, 517, 1031, 4, 4),
+    (64, "fp16", False, True, 2, 960, 300, 2, 1),
+]
 
 
-@pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", SCHEDULER_CASES)
-def test_persistent_and_grid_schedulers_agree(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
-    kernels = {sched: fa3gen.compile(fa3gen.KernelSpec(kind="bwd", head_dim=d, dtype=dt, causal=causal,
-                                                       deterministic=deterministic, scheduler=sched))
-               for sched in ("grid", "lpt")}
-    gen = torch.Generator(device="cuda").manual_seed(7000 + d + sq)
+def assert_same_gradients(field, values, seed, d, dt, causal, deterministic, b, sq, sk, hq, hkv):
+    """The backward kernels that differ only in `field` (its first value checked against float64)
+    give the same dk and dv bits, and dq too when deterministic (else equal within rounding)."""
+    kernels = [fa3gen.compile(fa3gen.KernelSpec(kind="bwd", head_dim=d, dtype=dt, causal=causal,
+                                                deterministic=deterministic, **{field: value}))
+               for value in values]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = make_inputs(b, sq, sk, hq, hkv, d, d, DTYPES[dt], "contiguous", gen)
     dout = make_dout(b, sq, hq, d, DTYPES[dt], "contiguous", gen)
     scale = 1.0 / math.sqrt(d)
     out, lse = ops._forward_impl(q, k, v, scale, causal)
-    grads = {}
-    for sched, kernel in kernels.items():
+    grads = []
+    for kernel in kernels:
         dq, dk, dv = (torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device) for t in (q, k, v))
         ops._launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, kernel)
         torch.cuda.synchronize()
-        grads[sched] = (dq, dk, dv)
-    check_grads(q, k, v, dout, scale, causal, dt, grads["lpt"])
-    for name, g, h in zip(("dq", "dk", "dv"), grads["lpt"], grads["grid"]):
+        grads.append((dq, dk, dv))
+    check_grads(q, k, v, dout, scale, causal, dt, grads[0])
+    for name, g, h in zip(("dq", "dk", "dv"), *grads):
         if name == "dq" and not deterministic:
             torch.testing.assert_close(g, h, rtol=2 * EPS[dt], atol=2 * EPS[dt] * float(h.abs().max()))
         else:
-            assert torch.equal(g, h), f"{name} differs between the lpt and grid schedulers"
+            assert torch.equal(g, h), f"{name} differs between {field}={values[0]} and {field}={values[1]}"
+
+
+@pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", SCHEDULER_CASES)
+def test_persistent_and_grid_schedulers_agree(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
+    assert_same_gradients("scheduler", ("lpt", "grid"), 7000 + d + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
+
+
+@pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", KV_REGISTER_CASES)
+def test_kv_registers_agree(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
+    assert_same_gradients("kv_registers", (True, False), 9100 + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
 
 
 @pytest.mark.parametrize("causal", [False, True])
