@@ -22,6 +22,9 @@
 #               fp64 checks, then TFLOP/s beside cuDNN in one process (quick A/B of spec variants)
 #     cold      time one spec's cold compile into an empty cache and its warm load (~1-2 min)
 #     all       doctor build sass tests sanitize bench cold
+# The cache is compiled on the CPU machine and carried packed: `FA3GEN_CACHE_DIR=.devcache python
+# scripts/pack_devcache.py --build -j 2 gpu` writes .devcache.tar.xz (only the entries of today's
+# specs); carry it (the setup step unpacks it). Kernels missing from it compile on the device.
 # Env: OUT (default ./device-out), JOBS (16), FA3GEN_CACHE_DIR (default ./.devcache, carried),
 #      BENCH_ARGS (extra `fa3gen bench` args, e.g. "--hdim 128 --seqlens 2k,16k"), BENCH_DTYPES ("bf16 fp16"),
 #      PYTEST_ARGS (extra pytest args, e.g. "-k graph"; with TEST_SHARDS: the test paths, default tests/gpu),
@@ -62,6 +65,7 @@ run_step() {
 }
 
 step_setup() {
+  if [[ -f .devcache.tar.xz ]]; then tar xJf .devcache.tar.xz || return 1; fi  # scripts/pack_devcache.py
   mkdir -p "$FA3GEN_CACHE_DIR"
   if compgen -G ".whl/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
