@@ -446,6 +446,17 @@ __device__ __forceinline__ void store_rows(TensorAcc const& acc, TensorCoord con
   }
 }
 
+// A register-sourced WGMMA's A operand, loaded from its shared-memory tile with ldmatrix: for the
+// operands a kernel keeps in registers across many GEMMs (the backward's K and V, the forward's Q).
+template <class TiledMma, class TensorSmem, class TensorFragment>
+__device__ __forceinline__ void load_a_operand(TiledMma const& mma, int thread, TensorSmem const& smem,
+                                               TensorFragment& fragment) {
+  auto copy_a = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, typename TensorFragment::value_type>{}, mma);
+  auto thread_copy = copy_a.get_thread_slice(thread);
+  Tensor destination = thread_copy.retile_D(fragment);
+  copy(copy_a, thread_copy.partition_S(smem), destination);
+}
+
 __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline, int mma_thread) {
   TiledMmaS mma_s;
   TiledMmaDP mma_dp;
@@ -490,12 +501,6 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{})(_, _, 0);
   Tensor tSrK = thread_s.partition_fragment_A(sK);
   Tensor tDPrV = thread_dp.partition_fragment_A(sV);
-  auto copy_k = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_s);
-  auto copy_v = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_dp);
-  Tensor copy_k_src = copy_k.get_thread_slice(mma_thread).partition_S(sK);
-  Tensor copy_k_dst = copy_k.get_thread_slice(mma_thread).retile_D(tSrK);
-  Tensor copy_v_src = copy_v.get_thread_slice(mma_thread).partition_S(sV);
-  Tensor copy_v_dst = copy_v.get_thread_slice(mma_thread).retile_D(tDPrV);
   PipelineState read;
   int buffer = 0;  // dS buffer of this step
   int dq_tiles = 0, dq_buffer = 0;  // dQ tiles handed to the writer so far, and the next one's buffer
@@ -508,8 +513,8 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     QueryBlockRange const range = query_block_range(p, n_block);
     clear(acc_dv);
     clear(acc_dk);
-    copy(copy_k, copy_k_src, copy_k_dst);
-    copy(copy_v, copy_v_src, copy_v_dst);
+    load_a_operand(mma_s, mma_thread, sK, tSrK);
+    load_a_operand(mma_dp, mma_thread, sV, tDPrV);
     for (int head = head_kv * group; head < (head_kv + 1) * group; ++head) {
       for (int m_block = range.begin; m_block < range.end; ++m_block) {
         Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockN>, Int<kBlockM>>{});

@@ -323,7 +323,18 @@ __device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& sm
   handoff.send(scheduler.num_tiles);  // no more tiles: the consumers stop
 }
 
-// ---- consumers: per key block, S = Q·Kᵀ (WGMMA, smem×smem), mask, online softmax, O += P·V (P in registers) ----
+// A register-sourced WGMMA's A operand, loaded from its shared-memory tile with ldmatrix: for the
+// operands a kernel keeps in registers across many GEMMs (the backward's K and V, the forward's Q).
+template <class TiledMma, class TensorSmem, class TensorFragment>
+__device__ __forceinline__ void load_a_operand(TiledMma const& mma, int thread, TensorSmem const& smem,
+                                               TensorFragment& fragment) {
+  auto copy_a = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, typename TensorFragment::value_type>{}, mma);
+  auto thread_copy = copy_a.get_thread_slice(thread);
+  Tensor destination = thread_copy.retile_D(fragment);
+  copy(copy_a, thread_copy.partition_S(smem), destination);
+}
+
+// ---- consumers: per key block, S = Q·Kᵀ (WGMMA, Q from registers), mask, online softmax, O += P·V (P in registers) ----
 
 // Serial mainloop: the first key block of the range is visited last, so its Q·Kᵀ is the tile's
 // last read of Q: once it has completed, the producer may load the next tile's Q while this tile's softmax, last P·V and
@@ -346,9 +357,6 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
   // The tile's Q in registers (mma, m, k), loaded from its shared-memory buffer once Q has landed.
   Tensor tSrQ = thread_qk.partition_fragment_A(sQ(_, _, 0));
-  auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
-  Tensor copy_q_src = copy_q.get_thread_slice(mma_thread).partition_S(sQ);  // (copy, m, k, buffer)
-  Tensor copy_q_dst = copy_q.get_thread_slice(mma_thread).retile_D(tSrQ);
   Tensor tSrK = thread_qk.partition_fragment_B(sK);   // (mma, n, k, stage)
   Tensor tOrV = thread_pv.partition_fragment_B(sVt);  // (mma, n, k, stage)
 
@@ -381,7 +389,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   // warpgroup 0 go first.
   if (warpgroup == 1) { cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + 0); }
   if (!blocks.empty()) {
-    pipeline_q.consumer_wait(read_q); copy(copy_q, copy_q_src(_, _, _, read_q.index()), copy_q_dst);
+    pipeline_q.consumer_wait(read_q); load_a_operand(mma_qk, mma_thread, sQ(_, _, read_q.index()), tSrQ);
     {
       int const n_block = blocks.end - 1;
       Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileQK{}));
@@ -431,7 +439,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
       pipeline_q.consumer_release(read_q);  // every Q·Kᵀ of the tile has completed
       ++read_q;
       if (!blocks_next.empty()) {
-        pipeline_q.consumer_wait(read_q); copy(copy_q, copy_q_src(_, _, _, read_q.index()), copy_q_dst);
+        pipeline_q.consumer_wait(read_q); load_a_operand(mma_qk, mma_thread, sQ(_, _, read_q.index()), tSrQ);
         {
           int const n_block = blocks_next.end - 1;
           Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileQK{}));
@@ -462,7 +470,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
         }
       }
     } else if (!blocks_next.empty()) {  // nothing visible in this tile: its O stays zero
-      pipeline_q.consumer_wait(read_q); copy(copy_q, copy_q_src(_, _, _, read_q.index()), copy_q_dst);
+      pipeline_q.consumer_wait(read_q); load_a_operand(mma_qk, mma_thread, sQ(_, _, read_q.index()), tSrQ);
       {
         int const n_block = blocks_next.end - 1;
         Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileQK{}));

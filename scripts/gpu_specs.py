@@ -38,10 +38,8 @@ def gpu_specs() -> list[KernelSpec]:
     specs += list(test_variants_gpu.SPECS) + list(test_variants_bwd_gpu.SPECS)
     specs += list(test_fp8_gpu.SPECS)
     # test_bwd_gpu's kernel pairs that must agree bit for bit.
-    specs += [KernelSpec(kind="bwd", head_dim=d, dtype=dt, causal=c, deterministic=det, scheduler=sched)
-              for d, dt, c, det, *_ in test_bwd_gpu.SCHEDULER_CASES for sched in ("grid", "lpt")]
-    specs += [KernelSpec(kind="bwd", head_dim=d, dtype=dt, causal=c, deterministic=det, kv_registers=on)
-              for d, dt, c, det, *_ in test_bwd_gpu.KV_REGISTER_CASES for on in (True, False)]
+    specs += [test_bwd_gpu.agreement_spec(field, value, *case[:4])
+              for field, (values, cases) in test_bwd_gpu.AGREEMENTS.items() for case in cases for value in values]
     specs += [variant_examples.DOCUMENTS_IN_A_WINDOW, variant_examples.SCALED_RELATIVE_BIAS,
               variant_examples.DOCUMENTS_IN_A_WINDOW.backward_spec()]
     # examples/variants.py differentiates a causal window + softcap through flash_attn_func.

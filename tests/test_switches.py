@@ -235,8 +235,8 @@ def test_q_registers_defaults_and_render(head_dim):
     assert not KernelSpec(head_dim=128, causal=True, window=True).q_registers  # variants: not measured
     on, off = (render(KernelSpec(head_dim=head_dim, q_registers=v)) for v in (True, False))
     assert "GMMA::rs_op_selector<Element, Element, float, TileQK>" in on and "SM75_U32x4_LDSM_N" in on
-    assert "copy(copy_q, copy_q_src(_, _, _, read_q.index()), copy_q_dst);" in on and "tSrQ_buffers" not in on
-    assert "GMMA::ss_op_selector<Element, Element, float, TileQK>" in off and "copy_q" not in off
+    assert "load_a_operand(mma_qk, mma_thread, sQ(_, _, read_q.index()), tSrQ);" in on and "tSrQ_buffers" not in on
+    assert "GMMA::ss_op_selector<Element, Element, float, TileQK>" in off and "load_a_operand" not in off
     if head_dim != 96:
         with pytest.raises(ValidationError, match="q_registers is not available for dtype='e4m3'"):
             KernelSpec(head_dim=head_dim, dtype="e4m3", q_registers=True)

@@ -217,12 +217,21 @@ KV_REGISTER_CASES = [
 ]
 
 
-def assert_same_gradients(field, values, seed, d, dt, causal, deterministic, b, sq, sk, hq, hkv):
-    """The backward kernels that differ only in `field` (its first value checked against float64)
-    give the same dk and dv bits, and dq too when deterministic (else equal within rounding)."""
-    kernels = [fa3gen.compile(fa3gen.KernelSpec(kind="bwd", head_dim=d, dtype=dt, causal=causal,
-                                                deterministic=deterministic, **{field: value}))
-               for value in values]
+# field -> (its values whose kernels must agree, the cases); scripts/gpu_specs.py prebuilds them.
+AGREEMENTS = {"scheduler": (("lpt", "grid"), SCHEDULER_CASES), "kv_registers": ((True, False), KV_REGISTER_CASES)}
+
+
+def agreement_spec(field, value, d, dt, causal, deterministic):
+    return fa3gen.KernelSpec(kind="bwd", head_dim=d, dtype=dt, causal=causal, deterministic=deterministic,
+                             **{field: value})
+
+
+def assert_same_gradients(field, seed, d, dt, causal, deterministic, b, sq, sk, hq, hkv):
+    """The backward kernels that differ only in `field` (AGREEMENTS; the first value's checked
+    against float64) give the same dk and dv bits, and dq too when deterministic (else equal
+    within rounding)."""
+    values = AGREEMENTS[field][0]
+    kernels = [fa3gen.compile(agreement_spec(field, value, d, dt, causal, deterministic)) for value in values]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = make_inputs(b, sq, sk, hq, hkv, d, d, DTYPES[dt], "contiguous", gen)
     dout = make_dout(b, sq, hq, d, DTYPES[dt], "contiguous", gen)
@@ -244,12 +253,12 @@ def assert_same_gradients(field, values, seed, d, dt, causal, deterministic, b, 
 
 @pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", SCHEDULER_CASES)
 def test_persistent_and_grid_schedulers_agree(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
-    assert_same_gradients("scheduler", ("lpt", "grid"), 7000 + d + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
+    assert_same_gradients("scheduler", 7000 + d + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
 
 
 @pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", KV_REGISTER_CASES)
 def test_kv_registers_agree(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
-    assert_same_gradients("kv_registers", (True, False), 9100 + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
+    assert_same_gradients("kv_registers", 9100 + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
 
 
 @pytest.mark.parametrize("causal", [False, True])
