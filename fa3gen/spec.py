@@ -152,8 +152,10 @@ ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V = 128
 # the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s without -> with): hdim 128 causal,
 # one Q buffer s2k 509 -> 523, s16k 606 -> 622; chained with pingpong s2k 507 -> 517, s16k 599 ->
 # 616. Not causal it lost with one Q buffer (s2k 609 -> 572, s16k 669 -> 644) and tied chained (612
-# -> 619, 660 -> 667); hdim 64's three consumer warpgroups (160 registers) spilled 288 B.
+# -> 619, 660 -> 667); hdim 64's three consumer warpgroups (160 registers) spilled 288 B. Only on
+# key blocks up to 128 wide: at 128 x 176 the wider S and P left no room for Q (spilled 288 B).
 Q_REGISTERS_CAUSAL_HEAD_DIMS = (128,)
+Q_REGISTERS_MAX_BLOCK_N = 128
 
 
 def _q_registers_default(fields: dict[str, Any]) -> bool:
@@ -161,7 +163,8 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
     d = fields.get("head_dim")
     plain = not any(fields.get(name) for name in _VARIANT_FIELDS)  # the variants' kernels were not measured with it
     return (fields.get("dtype", "bf16") in ("bf16", "fp16") and fields.get("causal") is True and plain
-            and d in Q_REGISTERS_CAUSAL_HEAD_DIMS and fields.get("head_dim_v") in (None, d))
+            and d in Q_REGISTERS_CAUSAL_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
+            and isinstance(fields.get("block_n"), int) and fields["block_n"] <= Q_REGISTERS_MAX_BLOCK_N)
 
 
 # Backward kernels of head dims up to this one, with the keys split, keep K and V in registers

@@ -3,7 +3,7 @@
 # is tee'd into a few files under $OUT (they come back): 
 #   env.log        setup, nvidia-smi, `fa3gen doctor`, the step summary
 #   build.log      scripts/gpu_specs.py --build (fills what the carried cache lacks), the cold-compile probe
-#   checks.log     SASS check of every built kernel (HGMMA, UTMALDG, no LDL/STL), compute-sanitizer, ncu
+#   checks.log     SASS check of every built kernel (HGMMA or fp8 QGMMA, UTMALDG, no LDL/STL), compute-sanitizer, ncu
 # (at most 8 files come back from a device call: keep it to these)
 #   gpu_tests.log  pytest -m gpu tests/gpu
 #   bench.md       `fa3gen bench` output: spot checks and the TFLOP/s table
@@ -100,10 +100,10 @@ step_sass() {
   mapfile -t libs < <(find "$FA3GEN_CACHE_DIR" -name kernel.so -not -path '*/tmp/*' | sort)
   if [[ ${#libs[@]} -eq 0 ]]; then echo "no kernel.so under $FA3GEN_CACHE_DIR"; return 1; fi
   sass=$(mktemp)
-  printf '%-44s %7s %8s %5s %5s\n' entry HGMMA UTMALDG LDL STL
+  printf '%-44s %7s %8s %5s %5s\n' entry GMMA UTMALDG LDL STL
   for so in "${libs[@]}"; do
     if ! cuobjdump --dump-sass "$so" >"$sass" 2>&1; then echo "cuobjdump failed on $so"; bad=1; continue; fi
-    h=$(grep -c HGMMA "$sass"); t=$(grep -c UTMALDG "$sass"); l=$(grep -c -w LDL "$sass"); s=$(grep -c -w STL "$sass")
+    h=$(grep -cE '[HQ]GMMA' "$sass"); t=$(grep -c UTMALDG "$sass"); l=$(grep -c -w LDL "$sass"); s=$(grep -c -w STL "$sass")  # QGMMA: fp8
     printf '%-44s %7s %8s %5s %5s\n' "$(basename "$(dirname "$so")")" "$h" "$t" "$l" "$s"
     if [[ $h -eq 0 || $t -eq 0 || $l -ne 0 || $s -ne 0 ]]; then bad=1; fi
   done

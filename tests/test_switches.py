@@ -233,6 +233,8 @@ def test_q_registers_defaults_and_render(head_dim):
         assert f'"q_registers":{str(flipped.q_registers).lower()}' in flipped.canonical_json()
         assert KernelSpec.from_json(flipped.canonical_json()) == flipped
     assert not KernelSpec(head_dim=128, causal=True, window=True).q_registers  # variants: not measured
+    # key blocks wider than 128: S and P leave no registers for Q (128 x 176 spilled 288 B)
+    assert not KernelSpec(head_dim=128, causal=True, block_n=176, epilogue="tma_v", scheduler="static").q_registers
     on, off = (render(KernelSpec(head_dim=head_dim, q_registers=v)) for v in (True, False))
     assert "GMMA::rs_op_selector<Element, Element, float, TileQK>" in on and "SM75_U32x4_LDSM_N" in on
     assert "load_a_operand(mma_qk, mma_thread, sQ(_, _, read_q.index()), tSrQ);" in on and "tSrQ_buffers" not in on
