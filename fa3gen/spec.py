@@ -148,23 +148,28 @@ LAZY_RESCALE_LOG2 = 8
 ROW_REDUCE_CHAINS_DEFAULT = 2
 ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V = 128
 
-# Causal 16-bit forward kernels of these head dims keep Q in registers (q_registers). Measured on
+# Causal forward kernels of these head dims keep Q in registers (q_registers). Measured on
 # the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s without -> with): hdim 128 causal,
 # one Q buffer s2k 509 -> 523, s16k 606 -> 622; chained with pingpong s2k 507 -> 517, s16k 599 ->
 # 616. Not causal it lost with one Q buffer (s2k 609 -> 572, s16k 669 -> 644) and tied chained (612
 # -> 619, 660 -> 667); hdim 64's three consumer warpgroups (160 registers) spilled 288 B. Only on
 # key blocks up to 128 wide: at 128 x 176 the wider S and P left no room for Q (spilled 288 B).
+# e4m3 (128 x 192, its own key-block limit), with the buffer released after each tile's first
+# Q·Kᵀ (2026-12-01, another H200, one process): causal s4k 623.7 -> 629.7, s16k 697.2 -> 711.5
+# (and its lpt producer's spills 132 -> 72 B); not causal it lost (729.8 -> 713.6, 793.1 ->
+# 754.8); hdim 256 e4m3 spilled 392-656 B.
 Q_REGISTERS_CAUSAL_HEAD_DIMS = (128,)
-Q_REGISTERS_MAX_BLOCK_N = 128
+Q_REGISTERS_MAX_BLOCK_N = {"bf16": 128, "fp16": 128, "e4m3": 192}
 
 
 def _q_registers_default(fields: dict[str, Any]) -> bool:
     """q_registers when unset, from a forward spec's raw fields."""
     d = fields.get("head_dim")
     plain = not any(fields.get(name) for name in _VARIANT_FIELDS)  # the variants' kernels were not measured with it
-    return (fields.get("dtype", "bf16") in ("bf16", "fp16") and fields.get("causal") is True and plain
+    max_block_n = Q_REGISTERS_MAX_BLOCK_N.get(str(fields.get("dtype", "bf16")))
+    return (max_block_n is not None and fields.get("causal") is True and plain
             and d in Q_REGISTERS_CAUSAL_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
-            and isinstance(fields.get("block_n"), int) and fields["block_n"] <= Q_REGISTERS_MAX_BLOCK_N)
+            and isinstance(fields.get("block_n"), int) and fields["block_n"] <= max_block_n)
 
 
 # Backward kernels of head dims up to this one, with the keys split, keep K and V in registers
@@ -596,9 +601,6 @@ class KernelSpec(BaseModel):
                              "orders its tiles by itself")
         if self.kv_registers is not None:
             raise ValueError("kv_registers applies to backward kernels (kind='bwd'); leave it unset for the forward")
-        if self.q_registers and self.is_fp8:
-            raise ValueError("q_registers is not available for dtype='e4m3' (an fp8 A operand from registers needs "
-                             "its own layout); leave it unset")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None

@@ -399,6 +399,9 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
       cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + 1 - warpgroup);
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read);
+      // Q is in registers and this Q·Kᵀ, issued by all four warps after their ldmatrix, has
+      // completed: the buffer may take the next tile's Q now, a whole tile ahead.
+      pipeline_q.consumer_release(read_q);
       Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
       apply_score_mods(p, s_rows, s_coord, t, n_block);
       if (key_block_needs_mask(p, t.m_block, n_block)) { mask_scores(p, s_rows, s_coord, t, n_block); }
@@ -436,7 +439,6 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     KeyBlockRange const blocks_next = next < scheduler.num_tiles ? key_block_range(p, t_next.m_block) : KeyBlockRange{0, 0};
     fa3gen::OnlineSoftmax<kRows, /*kProbLog2Scale=*/0, /*kLazyRescaleLog2=*/8, /*kChains=*/2> softmax_next(softmax_scale_log2(p));
     if (!blocks.empty()) {
-      pipeline_q.consumer_release(read_q);  // every Q·Kᵀ of the tile has completed
       ++read_q;
       if (!blocks_next.empty()) {
         pipeline_q.consumer_wait(read_q); load_a_operand(mma_qk, mma_thread, sQ(_, _, read_q.index()), tSrQ);
@@ -451,6 +453,9 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
           cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + 1 - warpgroup);
           warpgroup_wait<1>();
           pipeline_k.consumer_release(read);
+          // Q is in registers and this Q·Kᵀ, issued by all four warps after their ldmatrix, has
+          // completed: the buffer may take the next tile's Q now, a whole tile ahead.
+          pipeline_q.consumer_release(read_q);
           Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
           apply_score_mods(p, s_rows, s_coord, t_next, n_block);
           if (key_block_needs_mask(p, t_next.m_block, n_block)) { mask_scores(p, s_rows, s_coord, t_next, n_block); }
@@ -480,6 +485,9 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
         cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + 1 - warpgroup);
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
+        // Q is in registers and this Q·Kᵀ, issued by all four warps after their ldmatrix, has
+        // completed: the buffer may take the next tile's Q now, a whole tile ahead.
+        pipeline_q.consumer_release(read_q);
         Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
         apply_score_mods(p, s_rows, s_coord, t_next, n_block);
         if (key_block_needs_mask(p, t_next.m_block, n_block)) { mask_scores(p, s_rows, s_coord, t_next, n_block); }

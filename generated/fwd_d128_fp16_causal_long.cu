@@ -390,6 +390,9 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
       fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read);
+      // Q is in registers and this Q·Kᵀ, issued by all four warps after their ldmatrix, has
+      // completed: the buffer may take the next tile's Q now, a whole tile ahead.
+      pipeline_q.consumer_release(read_q);
       Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
       apply_score_mods(p, s_rows, s_coord, t, n_block);
       if (key_block_needs_mask(p, t.m_block, n_block)) { mask_scores(p, s_rows, s_coord, t, n_block); }
@@ -423,7 +426,6 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     // Every Q·Kᵀ of the tile has completed: the producer may load Q into this buffer again while
     // the last P·V and the epilogue run. (Here, not in the loop: at hdim 256 the loop has no
     // register to spare.)
-    pipeline_q.consumer_release(read_q);
     {
       pipeline_v.consumer_wait(read_v);  // the P·V of the last key block visited
       fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_pv, p_operand, tOrV(_, _, _, read_v.index()), tOrO);
