@@ -157,7 +157,11 @@ ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V = 128
 # e4m3 (128 x 192, its own key-block limit), with the buffer released after each tile's first
 # Q·Kᵀ (2026-12-01, another H200, one process): causal s4k 623.7 -> 629.7, s16k 697.2 -> 711.5
 # (and its lpt producer's spills 132 -> 72 B); not causal it lost (729.8 -> 713.6, 793.1 ->
-# 754.8); hdim 256 e4m3 spilled 392-656 B.
+# 754.8); hdim 256 e4m3 spilled 392-656 B. The built-in variants' causal 16-bit kernels too
+# (same day and GPU, s4k / s16k): softcap 428.8 -> 452.5 / 432.0 -> 466.2, window (1024, 0)
+# 1115 -> 1139 / 4078 -> 4167 (of the causal problem's FLOPs), ALiBi 497.6 -> 502.6 / 521.0 ->
+# 529.6, each variant alone; composed (window + softcap + ALiBi) it spilled 236 B. Custom
+# score_mod / mask_mod kernels, compositions and e4m3 variants keep Q in shared memory.
 Q_REGISTERS_CAUSAL_HEAD_DIMS = (128,)
 Q_REGISTERS_MAX_BLOCK_N = {"bf16": 128, "fp16": 128, "e4m3": 192}
 
@@ -165,9 +169,12 @@ Q_REGISTERS_MAX_BLOCK_N = {"bf16": 128, "fp16": 128, "e4m3": 192}
 def _q_registers_default(fields: dict[str, Any]) -> bool:
     """q_registers when unset, from a forward spec's raw fields."""
     d = fields.get("head_dim")
-    plain = not any(fields.get(name) for name in _VARIANT_FIELDS)  # the variants' kernels were not measured with it
-    max_block_n = Q_REGISTERS_MAX_BLOCK_N.get(str(fields.get("dtype", "bf16")))
-    return (max_block_n is not None and fields.get("causal") is True and plain
+    dtype = str(fields.get("dtype", "bf16"))
+    custom = fields.get("score_mod") is not None or fields.get("mask_mod") is not None
+    built_in = sum(bool(fields.get(name)) for name in ("window", "softcap", "alibi"))
+    measured = not custom and built_in <= (0 if dtype == "e4m3" else 1)
+    max_block_n = Q_REGISTERS_MAX_BLOCK_N.get(dtype)
+    return (max_block_n is not None and fields.get("causal") is True and measured
             and d in Q_REGISTERS_CAUSAL_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
             and isinstance(fields.get("block_n"), int) and fields["block_n"] <= max_block_n)
 
@@ -181,6 +188,12 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
 # Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s; 2 stages from shared
 # memory -> registers -> registers with 3 stages): s1k 297 -> 312 -> 315, s4k 350 -> 371 -> 380,
 # s16k 374 -> 390 -> 404; causal s1k 190 -> 204 -> 205, s4k 283 -> 299 -> 304, s16k 325 -> 341 -> 349.
+# Backward kernels of these head dims, with the keys split and K and V read from shared memory,
+# issue each step's dQ GEMM in the next step (dq_deferred). Measured on the H200 (2026-12-01, bf16,
+# 16k tokens, same process, TFLOP/s without -> with): hdim 96 s1k 331.1 -> 340.5, s4k 432.6 ->
+# 451.2, s16k 460.9 -> 480.9. hdim 64 (K and V in registers) lost 1-4% (s16k 407.3 -> 392.8,
+# causal 344.4 -> 332.4); hdim 128 spilled 76-224 B and lost 15-40%.
+BWD_DQ_DEFERRED_HEAD_DIMS = (96,)
 BWD_KV_REGISTERS_MAX_HEAD_DIM = 64
 BWD_KV_REGISTERS_STAGES = 3
 
@@ -190,12 +203,20 @@ def _bwd_kv_registers_default(head_dim: Any, block_n: Any) -> bool:
     return isinstance(head_dim, int) and head_dim <= BWD_KV_REGISTERS_MAX_HEAD_DIM and block_n == 2 * WGMMA_M
 
 
+def _bwd_dq_deferred_default(head_dim: Any, block_n: Any, num_consumer_warpgroups: Any) -> bool:
+    """dq_deferred when unset: on for the head dims measured faster with it, with the keys split."""
+    return head_dim in BWD_DQ_DEFERRED_HEAD_DIMS and isinstance(num_consumer_warpgroups, int) \
+        and block_n == WGMMA_M * num_consumer_warpgroups
+
+
 # Fields that canonical_json leaves out at their filled default: each maps a spec's fields (as
 # JSON) to that default. Added after kernels were cached, they change none of their keys.
 _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "causal_group": lambda f: BWD_CAUSAL_GROUP_DEFAULT if f["kind"] == "bwd" else None,
     "q_registers": lambda f: _q_registers_default(f) if f["kind"] == "fwd" else None,
     "kv_registers": lambda f: _bwd_kv_registers_default(f["head_dim"], f["block_n"]) if f["kind"] == "bwd" else None,
+    "dq_deferred": lambda f: (_bwd_dq_deferred_default(f["head_dim"], f["block_n"], f["num_consumer_warpgroups"])
+                              if f["kind"] == "bwd" else None),
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -288,6 +309,10 @@ class KernelSpec(BaseModel):
     # for the whole key block, as the A operands of every step's Sᵀ and dPᵀ (register-sourced
     # WGMMA), instead of reading them from shared memory at every step. Forward specs leave it unset.
     kv_registers: bool | None = None
+    # Backward with the keys split: each step's dQ = dS·K is issued at the start of the next step,
+    # beside its Sᵀ and dPᵀ, so it runs on the tensor cores under that step's softmax instead of
+    # after the step's own dK, where both warpgroups would wait for it. Forward specs leave it unset.
+    dq_deferred: bool | None = None
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
     # Inputs' element type. "e4m3": Q, K, V in float8_e4m3fn with descaling factors (fa3gen.fp8),
@@ -485,7 +510,8 @@ class KernelSpec(BaseModel):
                                ("inter_tile_overlap", False), ("programmatic_launch", False),
                                ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
                                ("scheduler", scheduler), ("epilogue", "direct"),
-                               ("kv_registers", _bwd_kv_registers_default(d, data["block_n"]))):
+                               ("kv_registers", _bwd_kv_registers_default(d, data["block_n"])),
+                               ("dq_deferred", _bwd_dq_deferred_default(d, data["block_n"], nwg))):
             if data.get(field) is None:
                 data[field] = default
         if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile), three with kv_registers
@@ -561,6 +587,9 @@ class KernelSpec(BaseModel):
         if self.kv_registers and self.bwd_splits_head_dim:
             raise ValueError("kv_registers needs each consumer warpgroup to own 64 keys (block_n=128): with the head "
                              "dim split both read the same keys")
+        if self.dq_deferred and self.bwd_splits_head_dim:
+            raise ValueError("dq_deferred needs each consumer warpgroup to own 64 keys (block_n=128): with the head "
+                             "dim split, dK's GEMM already waits for both warpgroups' dS")
         if self.scheduler == "static":
             raise ValueError("backward scheduler='static' is not available: use 'grid' (one CTA per key block) or "
                              "'lpt' (persistent CTAs claiming key blocks in order)")
@@ -601,6 +630,8 @@ class KernelSpec(BaseModel):
                              "orders its tiles by itself")
         if self.kv_registers is not None:
             raise ValueError("kv_registers applies to backward kernels (kind='bwd'); leave it unset for the forward")
+        if self.dq_deferred is not None:
+            raise ValueError("dq_deferred applies to backward kernels (kind='bwd'); leave it unset for the forward")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None
@@ -753,6 +784,7 @@ class KernelSpec(BaseModel):
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""
             sched += "_kvr" if self.kv_registers else ""
+            sched += "_dqd" if self.dq_deferred else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)

@@ -17,7 +17,11 @@ CASES = [  # b, sq, sk, hq, hkv, d, dtype, causal, deterministic[, variant]
     (2, 150, 70, 2, 1, 64, torch.float16, True, True),
     # hdim 64: K and V in registers, reloaded for each of a persistent CTA's key blocks.
     (2, 300, 400, 4, 2, 64, torch.bfloat16, False, False),
+    # hdim 96: each step's dQ GEMM issued in the next step (dq_deferred); steps across the heads
+    # of a GQA group, and a key block with one step.
     (1, 130, 130, 3, 3, 96, torch.bfloat16, False, True),
+    (2, 300, 400, 4, 2, 96, torch.float16, True, False),
+    (1, 40, 200, 2, 2, 96, torch.bfloat16, False, False),
     (1, 64, 300, 2, 2, 128, torch.float16, False, False),
     # Head-dim split (P and dS exchanged through shared memory), one stage at 256.
     (1, 100, 190, 2, 1, 256, torch.bfloat16, True, False),

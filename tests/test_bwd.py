@@ -63,12 +63,13 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
     assert spec.scheduler == ("grid" if d == 256 else "lpt")
-    assert spec.name.removesuffix("_kvr").endswith("_lpt") == (spec.scheduler == "lpt")
+    assert spec.name.removesuffix("_kvr").removesuffix("_dqd").endswith("_lpt") == (spec.scheduler == "lpt")
     assert "_det" in KernelSpec(kind="bwd", head_dim=d, deterministic=True).name
     # block_n 64 below hdim 128 splits the head dim too, so it keeps the grid.
     assert KernelSpec(kind="bwd", head_dim=64, block_n=64).scheduler == "grid"
     assert spec.causal_group == 4 and not spec.name.endswith("_g4")
     assert spec.kv_registers == (d == 64) and spec.name.endswith("_kvr") == (d == 64)
+    assert spec.dq_deferred == (d == 96) and spec.name.endswith("_dqd") == (d == 96)
 
 
 def test_kv_registers_is_a_backward_field_left_out_of_json_at_its_default():
@@ -94,6 +95,30 @@ def test_kv_registers_is_a_backward_field_left_out_of_json_at_its_default():
         KernelSpec(head_dim=64, kv_registers=True)
     with pytest.raises(ValidationError, match=r"kv_registers needs each consumer warpgroup to own 64 keys"):
         KernelSpec(kind="bwd", head_dim=64, block_n=64, kv_registers=True)
+
+
+def test_dq_deferred_is_a_backward_field_left_out_of_json_at_its_default():
+    """dq_deferred (each step's dQ GEMM issued at the next step, under its softmax): a backward
+    field with the keys split, written to the canonical JSON only where it differs from its
+    default; refused for the forward and with the head-dim split; rendered as a peeled first step,
+    the loop, and the last step's dQ after it."""
+    default = KernelSpec(kind="bwd", head_dim=64)
+    flipped = KernelSpec(kind="bwd", head_dim=64, dq_deferred=not default.dq_deferred)
+    assert '"dq_deferred"' not in default.canonical_json()
+    assert f'"dq_deferred":{str(flipped.dq_deferred).lower()}' in flipped.canonical_json()
+    for spec in (default, flipped):
+        assert KernelSpec.from_json(spec.canonical_json()) == spec
+        assert spec.name.endswith("_dqd") == spec.dq_deferred
+    on, off = (fa3gen.render(spec) for spec in sorted((default, flipped), key=lambda s: not s.dq_deferred))
+    marker = "cutlass::arch::NamedBarrier::sync(kMmaThreads, kDsBarrier);  // the last step's dS of both warpgroups"
+    assert marker in on and marker not in off
+    assert on.count("tDQrDS(_, _, _, buffer ^ 1)") == 2 and "tDQrDS(_, _, _, buffer)" not in on
+    assert KernelSpec(kind="bwd", head_dim=96).dq_deferred and '"dq_deferred"' not in KernelSpec(kind="bwd", head_dim=96).canonical_json()
+    assert not KernelSpec(kind="bwd", head_dim=256).dq_deferred and "dq_deferred" not in KernelSpec(head_dim=64).canonical_json()
+    with pytest.raises(ValidationError, match=r"dq_deferred applies to backward kernels"):
+        KernelSpec(head_dim=64, dq_deferred=True)
+    with pytest.raises(ValidationError, match=r"dq_deferred needs each consumer warpgroup to own 64 keys"):
+        KernelSpec(kind="bwd", head_dim=256, dq_deferred=True)
 
 
 def test_causal_group_is_a_backward_field_left_out_of_json_at_its_default():

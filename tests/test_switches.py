@@ -221,8 +221,8 @@ def test_row_reduce_chains_defaults_and_render(head_dim):
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_q_registers_defaults_and_render(head_dim):
-    """Q in registers for Q·Kᵀ: on by default for the plain causal kernels of hdim 128 (16-bit and
-    e4m3, where it measured faster), off elsewhere; written to the canonical JSON only where it
+    """Q in registers for Q·Kᵀ: on by default for the causal kernels of hdim 128 (16-bit and e4m3,
+    and the 16-bit built-in variants: where it measured faster), off elsewhere; written to the canonical JSON only where it
     differs from that default; rendered as a register-sourced Q·Kᵀ whose Q is loaded with ldmatrix
     after each wait for a tile's Q, its buffer released once the tile's first Q·Kᵀ has completed
     (not at the tile's end); refused for the backward."""
@@ -233,7 +233,14 @@ def test_q_registers_defaults_and_render(head_dim):
         flipped = KernelSpec(head_dim=head_dim, causal=causal, q_registers=not spec.q_registers)
         assert f'"q_registers":{str(flipped.q_registers).lower()}' in flipped.canonical_json()
         assert KernelSpec.from_json(flipped.canonical_json()) == flipped
-    assert not KernelSpec(head_dim=128, causal=True, window=True).q_registers  # variants: not measured
+    # the built-in variants' causal 16-bit kernels, each alone, measured faster with it too; composed
+    # (window + softcap + ALiBi spilled 236 B), custom mods and fp8 variants keep Q in shared memory
+    assert all(KernelSpec(head_dim=128, causal=True, **{v: True}).q_registers for v in ("window", "softcap", "alibi"))
+    assert not KernelSpec(head_dim=128, causal=True, window=True, softcap=True, alibi=True).q_registers
+    assert not KernelSpec(head_dim=128, causal=True, window=True, softcap=True).q_registers
+    assert not KernelSpec(head_dim=128, causal=False, softcap=True).q_registers
+    assert not KernelSpec(head_dim=128, causal=True, score_mod={"expr": "score", "grad": "1.f"}).q_registers
+    assert not KernelSpec(head_dim=128, dtype="e4m3", causal=True, window=True).q_registers
     # key blocks wider than 128: S and P leave no registers for Q (128 x 176 spilled 288 B)
     assert not KernelSpec(head_dim=128, causal=True, block_n=176, epilogue="tma_v", scheduler="static").q_registers
     on, off = (render(KernelSpec(head_dim=head_dim, q_registers=v)) for v in (True, False))

@@ -216,9 +216,22 @@ KV_REGISTER_CASES = [
     (64, "fp16", False, True, 2, 960, 300, 2, 1),
 ]
 
+# Each step's dQ issued in the next step (dq_deferred) against in its own: the same GEMMs on the
+# same operands, so the same bits. Steps that cross heads (GQA), one step per key block (its dQ only
+# after the loop), key blocks with no steps (causal, seqlen_k > seqlen_q), deterministic.
+DQ_DEFERRED_CASES = [
+    # d, dt, causal, deterministic, b, sq, sk, hq, hkv
+    (64, "bf16", True, False, 2, 2049, 2049, 6, 2),
+    (64, "fp16", False, True, 3, 1031, 517, 4, 4),
+    (64, "fp16", True, False, 1, 40, 300, 2, 2),
+    (96, "bf16", True, True, 1, 777, 2049, 4, 1),
+    (128, "bf16", False, False, 2, 1000, 4100, 8, 2),
+]
+
 
 # field -> (its values whose kernels must agree, the cases); scripts/gpu_specs.py prebuilds them.
-AGREEMENTS = {"scheduler": (("lpt", "grid"), SCHEDULER_CASES), "kv_registers": ((True, False), KV_REGISTER_CASES)}
+AGREEMENTS = {"scheduler": (("lpt", "grid"), SCHEDULER_CASES), "kv_registers": ((True, False), KV_REGISTER_CASES),
+              "dq_deferred": ((True, False), DQ_DEFERRED_CASES)}
 
 
 def agreement_spec(field, value, d, dt, causal, deterministic):
@@ -259,6 +272,11 @@ def test_persistent_and_grid_schedulers_agree(d, dt, causal, deterministic, b, s
 @pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", KV_REGISTER_CASES)
 def test_kv_registers_agree(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
     assert_same_gradients("kv_registers", 9100 + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
+
+
+@pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", DQ_DEFERRED_CASES)
+def test_dq_deferred_agrees(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
+    assert_same_gradients("dq_deferred", 9300 + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
 
 
 @pytest.mark.parametrize("causal", [False, True])
