@@ -148,8 +148,9 @@ LAZY_RESCALE_LOG2 = 8
 ROW_REDUCE_CHAINS_DEFAULT = 2
 ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V = 128
 
-# Causal forward kernels of these head dims keep Q in registers (q_registers). Measured on
-# the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s without -> with): hdim 128 causal,
+# Causal forward kernels of these head dims, and those with one built-in variant, keep Q in
+# registers (q_registers). Measured on the H200 (2026-12-01, bf16, 16k tokens, same process,
+# TFLOP/s without -> with): hdim 128 causal,
 # one Q buffer s2k 509 -> 523, s16k 606 -> 622; chained with pingpong s2k 507 -> 517, s16k 599 ->
 # 616. Not causal it lost with one Q buffer (s2k 609 -> 572, s16k 669 -> 644) and tied chained (612
 # -> 619, 660 -> 667); hdim 64's three consumer warpgroups (160 registers) spilled 288 B. Only on
@@ -160,8 +161,11 @@ ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V = 128
 # 754.8); hdim 256 e4m3 spilled 392-656 B. The built-in variants' causal 16-bit kernels too
 # (same day and GPU, s4k / s16k): softcap 428.8 -> 452.5 / 432.0 -> 466.2, window (1024, 0)
 # 1115 -> 1139 / 4078 -> 4167 (of the causal problem's FLOPs), ALiBi 497.6 -> 502.6 / 521.0 ->
-# 529.6, each variant alone; composed (window + softcap + ALiBi) it spilled 236 B. Custom
-# score_mod / mask_mod kernels, compositions and e4m3 variants keep Q in shared memory.
+# 529.6, each variant alone; composed (window + softcap + ALiBi) it spilled 236 B. Not causal
+# too (chained, pingpong; s4k / s16k): softcap 454.5 -> 468.5 / 467.1 -> 481.1, ALiBi 505.2 ->
+# 521.0 / 517.1 -> 535.0, window (1024, 1024) 1288 -> 1304 / 4605 -> 4665 (ALiBi and the window
+# spill 32 and 16 B with it, and still gain). Custom score_mod / mask_mod kernels, compositions and
+# e4m3 variants keep Q in shared memory.
 Q_REGISTERS_CAUSAL_HEAD_DIMS = (128,)
 Q_REGISTERS_MAX_BLOCK_N = {"bf16": 128, "fp16": 128, "e4m3": 192}
 
@@ -174,7 +178,7 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
     built_in = sum(bool(fields.get(name)) for name in ("window", "softcap", "alibi"))
     measured = not custom and built_in <= (0 if dtype == "e4m3" else 1)
     max_block_n = Q_REGISTERS_MAX_BLOCK_N.get(dtype)
-    return (max_block_n is not None and fields.get("causal") is True and measured
+    return (max_block_n is not None and (fields.get("causal") is True or built_in == 1) and measured
             and d in Q_REGISTERS_CAUSAL_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
             and isinstance(fields.get("block_n"), int) and fields["block_n"] <= max_block_n)
 
