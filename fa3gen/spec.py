@@ -192,12 +192,13 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
 # Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s; 2 stages from shared
 # memory -> registers -> registers with 3 stages): s1k 297 -> 312 -> 315, s4k 350 -> 371 -> 380,
 # s16k 374 -> 390 -> 404; causal s1k 190 -> 204 -> 205, s4k 283 -> 299 -> 304, s16k 325 -> 341 -> 349.
-# Backward kernels of these head dims, with the keys split and K and V read from shared memory,
-# issue each step's dQ GEMM in the next step (dq_deferred). Measured on the H200 (2026-12-01, bf16,
-# 16k tokens, same process, TFLOP/s without -> with): hdim 96 s1k 331.1 -> 340.5, s4k 432.6 ->
-# 451.2, s16k 460.9 -> 480.9. hdim 64 (K and V in registers) lost 1-4% (s16k 407.3 -> 392.8,
-# causal 344.4 -> 332.4); hdim 128 spilled 76-224 B and lost 15-40%.
-BWD_DQ_DEFERRED_HEAD_DIMS = (96,)
+# Backward kernels of these head dims, with the keys split, issue each step's dQ GEMM in the next
+# step (dq_deferred). Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s
+# without -> with): hdim 64 (K and V in registers) s1k 300.6 -> 311.6, s4k 370.7 -> 387.4, s16k
+# 399.9 -> 412.2; hdim 96 s1k 331.1 -> 340.5, s4k 432.6 -> 451.2, s16k 460.9 -> 480.9 (with the dQ
+# issued at the start of the step, before its probabilities: hdim 96 0.3-1.2% below that, hdim 64
+# 1-4% below the kernel without). hdim 128 spills 80-220 B and loses 15-40%.
+BWD_DQ_DEFERRED_HEAD_DIMS = (64, 96)
 BWD_KV_REGISTERS_MAX_HEAD_DIM = 64
 BWD_KV_REGISTERS_STAGES = 3
 
@@ -207,10 +208,14 @@ def _bwd_kv_registers_default(head_dim: Any, block_n: Any) -> bool:
     return isinstance(head_dim, int) and head_dim <= BWD_KV_REGISTERS_MAX_HEAD_DIM and block_n == 2 * WGMMA_M
 
 
-def _bwd_dq_deferred_default(head_dim: Any, block_n: Any, num_consumer_warpgroups: Any) -> bool:
-    """dq_deferred when unset: on for the head dims measured faster with it, with the keys split."""
-    return head_dim in BWD_DQ_DEFERRED_HEAD_DIMS and isinstance(num_consumer_warpgroups, int) \
-        and block_n == WGMMA_M * num_consumer_warpgroups
+def _bwd_dq_deferred_default(fields: dict[str, Any]) -> bool:
+    """dq_deferred when unset: on for the head dims measured faster with it, with the keys split,
+    except where the step also carries a score derivative (softcap, score_mod: the causal
+    soft-capped hdim 64 kernel spilled 32 B with it)."""
+    nwg = fields.get("num_consumer_warpgroups")
+    score_grad = bool(fields.get("softcap")) or fields.get("score_mod") is not None
+    return fields.get("head_dim") in BWD_DQ_DEFERRED_HEAD_DIMS and isinstance(nwg, int) \
+        and fields.get("block_n") == WGMMA_M * nwg and not score_grad
 
 
 # Fields that canonical_json leaves out at their filled default: each maps a spec's fields (as
@@ -219,8 +224,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "causal_group": lambda f: BWD_CAUSAL_GROUP_DEFAULT if f["kind"] == "bwd" else None,
     "q_registers": lambda f: _q_registers_default(f) if f["kind"] == "fwd" else None,
     "kv_registers": lambda f: _bwd_kv_registers_default(f["head_dim"], f["block_n"]) if f["kind"] == "bwd" else None,
-    "dq_deferred": lambda f: (_bwd_dq_deferred_default(f["head_dim"], f["block_n"], f["num_consumer_warpgroups"])
-                              if f["kind"] == "bwd" else None),
+    "dq_deferred": lambda f: _bwd_dq_deferred_default(f) if f["kind"] == "bwd" else None,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -313,9 +317,9 @@ class KernelSpec(BaseModel):
     # for the whole key block, as the A operands of every step's Sᵀ and dPᵀ (register-sourced
     # WGMMA), instead of reading them from shared memory at every step. Forward specs leave it unset.
     kv_registers: bool | None = None
-    # Backward with the keys split: each step's dQ = dS·K is issued at the start of the next step,
-    # beside its Sᵀ and dPᵀ, so it runs on the tensor cores under that step's softmax instead of
-    # after the step's own dK, where both warpgroups would wait for it. Forward specs leave it unset.
+    # Backward with the keys split: each step's dQ = dS·K is issued in the next step, after its
+    # probabilities, so it runs on the tensor cores beside that step's dPᵀ and dV instead of after
+    # the step's own dK, where both warpgroups would wait for it. Forward specs leave it unset.
     dq_deferred: bool | None = None
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
@@ -515,7 +519,7 @@ class KernelSpec(BaseModel):
                                ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
                                ("scheduler", scheduler), ("epilogue", "direct"),
                                ("kv_registers", _bwd_kv_registers_default(d, data["block_n"])),
-                               ("dq_deferred", _bwd_dq_deferred_default(d, data["block_n"], nwg))):
+                               ("dq_deferred", _bwd_dq_deferred_default(data))):
             if data.get(field) is None:
                 data[field] = default
         if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile), three with kv_registers

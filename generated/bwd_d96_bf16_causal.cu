@@ -502,10 +502,11 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     QueryBlockRange const range = query_block_range(p, n_block);
     clear(acc_dv);
     clear(acc_dk);
-    // Each step's dQ = dS·K is issued at the start of the next step, beside its Sᵀ and dPᵀ, once
-    // both warpgroups' dS of it are in shared memory: it runs under that step's softmax instead of
-    // holding both warpgroups at the end of its own. A key block's first step has none to issue
-    // (peeled, so that no WGMMA sits under a branch); the last step's follows the loop.
+    // Each step's dQ = dS·K is issued in the next step, after its probabilities, once both
+    // warpgroups' dS of it are in shared memory: it runs beside that step's dPᵀ and dV and under
+    // its dS instead of holding both warpgroups at the end of its own step. A key block's first
+    // step has none to issue (peeled, so that no WGMMA sits under a branch); the last step's
+    // follows the loop.
     int const steps_per_head = range.end - range.begin;
     int const steps = steps_per_head > 0 ? group * steps_per_head : 0;
     int head = head_kv * group;
@@ -559,15 +560,17 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
         Tensor tDPrV = thread_dp.partition_fragment_A(make_tensor(make_smem_ptr(fa3gen::opaque(smem.v.data())), SmemLayoutV{})(_, _, 0));
         fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_s, tSrK, tSrQ(_, _, _, stage), acc_s);
         fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dp, tDPrV, tDPrDO(_, _, _, stage), acc_dp);
-        // The previous step's dQ, now that both warpgroups' dS of it are in shared memory.
+        warpgroup_wait<1>();  // Sᵀ is ready; dPᵀ may still run
+        Tensor p_rows = make_tensor(acc_s.data(), fa3gen::accumulator_as_rows_cols(acc_s.layout()));
+        probabilities(p, p_rows, s_coord, smem.lse_log2[stage], n_block, m_block, batch, head);
+        fa3gen::convert_fragment<Element>(acc_s, tPrP);
+        // The previous step's dQ, now that both warpgroups' dS of it are in shared memory and Sᵀ's
+        // registers are free (issued before the probabilities, its accumulator spilled at hdim 128
+        // and it ran 1-4% slower at hdim 64).
         cutlass::arch::NamedBarrier::sync(kMmaThreads, kDsBarrier);
         Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         Tensor tDQrKt = thread_dq.partition_fragment_B(make_tensor(make_smem_ptr(fa3gen::opaque(smem.k.data())), SmemLayoutKt{})(_, _, 0));
         fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dq, tDQrDS(_, _, _, buffer ^ 1), tDQrKt, acc_dq);
-        warpgroup_wait<2>();  // Sᵀ is ready; dPᵀ and the previous dQ may still run
-        Tensor p_rows = make_tensor(acc_s.data(), fa3gen::accumulator_as_rows_cols(acc_s.layout()));
-        probabilities(p, p_rows, s_coord, smem.lse_log2[stage], n_block, m_block, batch, head);
-        fa3gen::convert_fragment<Element>(acc_s, tPrP);
         warpgroup_wait<1>();  // dPᵀ is ready
         fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_dv, p_operand, tDVrDOt(_, _, _, stage), acc_dv);
         // dSᵀ = Pᵀ ∘ (dPᵀ − D), D per query row (column).

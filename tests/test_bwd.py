@@ -63,13 +63,13 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
     assert spec.scheduler == ("grid" if d == 256 else "lpt")
-    assert spec.name.removesuffix("_kvr").removesuffix("_dqd").endswith("_lpt") == (spec.scheduler == "lpt")
+    assert spec.name.removesuffix("_dqd").removesuffix("_kvr").endswith("_lpt") == (spec.scheduler == "lpt")
     assert "_det" in KernelSpec(kind="bwd", head_dim=d, deterministic=True).name
     # block_n 64 below hdim 128 splits the head dim too, so it keeps the grid.
     assert KernelSpec(kind="bwd", head_dim=64, block_n=64).scheduler == "grid"
     assert spec.causal_group == 4 and not spec.name.endswith("_g4")
-    assert spec.kv_registers == (d == 64) and spec.name.endswith("_kvr") == (d == 64)
-    assert spec.dq_deferred == (d == 96) and spec.name.endswith("_dqd") == (d == 96)
+    assert spec.kv_registers == (d == 64) and spec.name.removesuffix("_dqd").endswith("_kvr") == (d == 64)
+    assert spec.dq_deferred == (d in (64, 96)) and spec.name.endswith("_dqd") == (d in (64, 96))
 
 
 def test_kv_registers_is_a_backward_field_left_out_of_json_at_its_default():
@@ -113,8 +113,12 @@ def test_dq_deferred_is_a_backward_field_left_out_of_json_at_its_default():
     marker = "cutlass::arch::NamedBarrier::sync(kMmaThreads, kDsBarrier);  // the last step's dS of both warpgroups"
     assert marker in on and marker not in off
     assert on.count("tDQrDS(_, _, _, buffer ^ 1)") == 2 and "tDQrDS(_, _, _, buffer)" not in on
-    assert KernelSpec(kind="bwd", head_dim=96).dq_deferred and '"dq_deferred"' not in KernelSpec(kind="bwd", head_dim=96).canonical_json()
+    assert all(KernelSpec(kind="bwd", head_dim=d).dq_deferred and '"dq_deferred"' not in KernelSpec(kind="bwd", head_dim=d).canonical_json()
+               for d in (64, 96))
     assert not KernelSpec(kind="bwd", head_dim=256).dq_deferred and "dq_deferred" not in KernelSpec(head_dim=64).canonical_json()
+    # not with a score derivative in the step (the causal soft-capped hdim 64 kernel spilled 32 B)
+    assert not KernelSpec(kind="bwd", head_dim=64, causal=True, softcap=True).dq_deferred
+    assert KernelSpec(kind="bwd", head_dim=64, causal=True, window=True).dq_deferred
     with pytest.raises(ValidationError, match=r"dq_deferred applies to backward kernels"):
         KernelSpec(head_dim=64, dq_deferred=True)
     with pytest.raises(ValidationError, match=r"dq_deferred needs each consumer warpgroup to own 64 keys"):
