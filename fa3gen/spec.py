@@ -203,19 +203,25 @@ BWD_KV_REGISTERS_MAX_HEAD_DIM = 64
 BWD_KV_REGISTERS_STAGES = 3
 
 
-def _bwd_kv_registers_default(head_dim: Any, block_n: Any) -> bool:
+def _bwd_keys_split(fields: dict[str, Any]) -> bool:
+    """A backward spec's consumer warpgroups each own 64 keys (block_n = 64 per warpgroup), rather
+    than sharing 64 keys and splitting the head dim."""
+    nwg = fields.get("num_consumer_warpgroups")
+    return isinstance(nwg, int) and fields.get("block_n") == WGMMA_M * nwg
+
+
+def _bwd_kv_registers_default(fields: dict[str, Any]) -> bool:
     """kv_registers when unset: on where the keys are split and the head dim is small enough."""
-    return isinstance(head_dim, int) and head_dim <= BWD_KV_REGISTERS_MAX_HEAD_DIM and block_n == 2 * WGMMA_M
+    head_dim = fields.get("head_dim")
+    return isinstance(head_dim, int) and head_dim <= BWD_KV_REGISTERS_MAX_HEAD_DIM and _bwd_keys_split(fields)
 
 
 def _bwd_dq_deferred_default(fields: dict[str, Any]) -> bool:
     """dq_deferred when unset: on for the head dims measured faster with it, with the keys split,
     except where the step also carries a score derivative (softcap, score_mod: the causal
     soft-capped hdim 64 kernel spilled 32 B with it)."""
-    nwg = fields.get("num_consumer_warpgroups")
     score_grad = bool(fields.get("softcap")) or fields.get("score_mod") is not None
-    return fields.get("head_dim") in BWD_DQ_DEFERRED_HEAD_DIMS and isinstance(nwg, int) \
-        and fields.get("block_n") == WGMMA_M * nwg and not score_grad
+    return fields.get("head_dim") in BWD_DQ_DEFERRED_HEAD_DIMS and _bwd_keys_split(fields) and not score_grad
 
 
 # Fields that canonical_json leaves out at their filled default: each maps a spec's fields (as
@@ -223,7 +229,7 @@ def _bwd_dq_deferred_default(fields: dict[str, Any]) -> bool:
 _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "causal_group": lambda f: BWD_CAUSAL_GROUP_DEFAULT if f["kind"] == "bwd" else None,
     "q_registers": lambda f: _q_registers_default(f) if f["kind"] == "fwd" else None,
-    "kv_registers": lambda f: _bwd_kv_registers_default(f["head_dim"], f["block_n"]) if f["kind"] == "bwd" else None,
+    "kv_registers": lambda f: _bwd_kv_registers_default(f) if f["kind"] == "bwd" else None,
     "dq_deferred": lambda f: _bwd_dq_deferred_default(f) if f["kind"] == "bwd" else None,
 }
 
@@ -510,15 +516,14 @@ class KernelSpec(BaseModel):
         if data.get("block_n") is None:
             wide = isinstance(d, int) and d > BWD_MAX_KEYS_SPLIT_HEAD_DIM
             data["block_n"] = WGMMA_M if wide else WGMMA_M * (nwg if isinstance(nwg, int) else 2)
-        keys_split = data["block_n"] == WGMMA_M * nwg if isinstance(nwg, int) else False
-        persistent = keys_split or (d in BWD_PERSISTENT_SPLIT_HEAD_DIMS and data["block_n"] == WGMMA_M)
+        persistent = _bwd_keys_split(data) or (d in BWD_PERSISTENT_SPLIT_HEAD_DIMS and data["block_n"] == WGMMA_M)
         scheduler = "lpt" if BWD_PERSISTENT_DEFAULT and persistent else "grid"
         for field, default in (("block_m", BWD_BLOCK_M), ("causal_group", BWD_CAUSAL_GROUP_DEFAULT),
                                ("intra_wg_overlap", False), ("q_buffers", 1),
                                ("inter_tile_overlap", False), ("programmatic_launch", False),
                                ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
                                ("scheduler", scheduler), ("epilogue", "direct"),
-                               ("kv_registers", _bwd_kv_registers_default(d, data["block_n"])),
+                               ("kv_registers", _bwd_kv_registers_default(data)),
                                ("dq_deferred", _bwd_dq_deferred_default(data))):
             if data.get(field) is None:
                 data[field] = default
