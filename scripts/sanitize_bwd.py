@@ -17,6 +17,10 @@ CASES = [  # b, sq, sk, hq, hkv, d, dtype, causal, deterministic[, variant]
     (2, 150, 70, 2, 1, 64, torch.float16, True, True),
     # hdim 64: K and V in registers, reloaded for each of a persistent CTA's key blocks.
     (2, 300, 400, 4, 2, 64, torch.bfloat16, False, False),
+    # hdim 64 and 96 run each step's dQ in one warpgroup, the two taking turns (dq_single_warpgroup):
+    # several key blocks per persistent CTA with an odd number of steps each, so the turns and the
+    # two dQ buffers fall differently from one key block to the next.
+    (3, 130, 4500, 2, 2, 64, torch.bfloat16, False, False),
     # hdim 96: each step's dQ GEMM issued in the next step (dq_deferred); steps across the heads
     # of a GQA group, and a key block with one step.
     (1, 130, 130, 3, 3, 96, torch.bfloat16, False, True),

@@ -63,13 +63,14 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
     assert spec.scheduler == ("grid" if d == 256 else "lpt")
-    assert spec.name.removesuffix("_dqd").removesuffix("_kvr").endswith("_lpt") == (spec.scheduler == "lpt")
+    assert spec.name.removesuffix("_dq1").removesuffix("_dqd").removesuffix("_kvr").endswith("_lpt") == (spec.scheduler == "lpt")
     assert "_det" in KernelSpec(kind="bwd", head_dim=d, deterministic=True).name
     # block_n 64 below hdim 128 splits the head dim too, so it keeps the grid.
     assert KernelSpec(kind="bwd", head_dim=64, block_n=64).scheduler == "grid"
     assert spec.causal_group == 4 and not spec.name.endswith("_g4")
-    assert spec.kv_registers == (d == 64) and spec.name.removesuffix("_dqd").endswith("_kvr") == (d == 64)
-    assert spec.dq_deferred == (d in (64, 96)) and spec.name.endswith("_dqd") == (d in (64, 96))
+    assert spec.kv_registers == (d == 64) and spec.name.removesuffix("_dq1").removesuffix("_dqd").endswith("_kvr") == (d == 64)
+    assert spec.dq_deferred == (d in (64, 96)) and spec.name.removesuffix("_dq1").endswith("_dqd") == (d in (64, 96))
+    assert spec.dq_single_warpgroup == (d in (64, 96)) and spec.name.endswith("_dq1") == (d in (64, 96))
 
 
 def test_kv_registers_is_a_backward_field_left_out_of_json_at_its_default():
@@ -108,8 +109,10 @@ def test_dq_deferred_is_a_backward_field_left_out_of_json_at_its_default():
     assert f'"dq_deferred":{str(flipped.dq_deferred).lower()}' in flipped.canonical_json()
     for spec in (default, flipped):
         assert KernelSpec.from_json(spec.canonical_json()) == spec
-        assert spec.name.endswith("_dqd") == spec.dq_deferred
-    on, off = (fa3gen.render(spec) for spec in sorted((default, flipped), key=lambda s: not s.dq_deferred))
+        assert spec.name.removesuffix("_dq1").endswith("_dqd") == spec.dq_deferred
+    # (Both warpgroups' halves of the dQ: hdim 64 runs it in one warpgroup by default, dq_single_warpgroup.)
+    on, off = (fa3gen.render(spec) for spec in (KernelSpec(kind="bwd", head_dim=64, dq_single_warpgroup=False),
+                                                KernelSpec(kind="bwd", head_dim=64, dq_deferred=False)))
     marker = "cutlass::arch::NamedBarrier::sync(kMmaThreads, kDsBarrier);  // the last step's dS of both warpgroups"
     assert marker in on and marker not in off
     assert on.count("tDQrDS(_, _, _, buffer ^ 1)") == 2 and "tDQrDS(_, _, _, buffer)" not in on
@@ -123,6 +126,38 @@ def test_dq_deferred_is_a_backward_field_left_out_of_json_at_its_default():
         KernelSpec(head_dim=64, dq_deferred=True)
     with pytest.raises(ValidationError, match=r"dq_deferred needs each consumer warpgroup to own 64 keys"):
         KernelSpec(kind="bwd", head_dim=256, dq_deferred=True)
+
+
+def test_dq_single_warpgroup_needs_dq_deferred_and_renders_turns():
+    """dq_single_warpgroup (one warpgroup runs a step's whole dQ, the two taking turns): a backward
+    field that needs dq_deferred, left out of the canonical JSON at its default, refused for the
+    forward; its kernel runs the dQ GEMM over the whole head dim in one warpgroup, gives the dQ
+    tile in that warpgroup's fragment order to the writer and the conversion, and waits on one dS
+    barrier per issuing warpgroup."""
+    default = KernelSpec(kind="bwd", head_dim=64)
+    single = KernelSpec(kind="bwd", head_dim=64, dq_single_warpgroup=not default.dq_single_warpgroup)
+    on, off = sorted((default, single), key=lambda s: not s.dq_single_warpgroup)
+    assert on.dq_single_warpgroup and not off.dq_single_warpgroup
+    assert '"dq_single_warpgroup"' not in default.canonical_json()
+    assert f'"dq_single_warpgroup":{str(single.dq_single_warpgroup).lower()}' in single.canonical_json()
+    for spec in (default, single):
+        assert KernelSpec.from_json(spec.canonical_json()) == spec
+        assert spec.name.endswith("_dq1") == spec.dq_single_warpgroup
+    src_on, src_off = fa3gen.render(on), fa3gen.render(off)
+    whole = "Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>"
+    assert whole in src_on and whole not in src_off
+    assert "bwd_convert_dq<<<convert_grid, kDqThreads, 0, stream>>>" in src_on
+    assert "bwd_convert_dq<<<convert_grid, kMmaThreads, 0, stream>>>" in src_off
+    assert "NamedBarrier::sync(kMmaThreads, ds_ready_barrier(warpgroup))" in src_on
+    assert "ds_ready_barrier" not in src_off
+    # The previous step's dQ, in the loop and after it, by whichever warpgroup's turn it is.
+    assert src_on.count("tDQrDS(_, _, _, buffer ^ 1)") == 2 and src_on.count("dq_warpgroup(step - 1) == warpgroup") == 1
+    with pytest.raises(ValidationError, match=r"dq_single_warpgroup needs dq_deferred=True"):
+        KernelSpec(kind="bwd", head_dim=64, dq_deferred=False, dq_single_warpgroup=True)
+    with pytest.raises(ValidationError, match=r"dq_single_warpgroup needs dq_deferred=True"):
+        KernelSpec(kind="bwd", head_dim=256, dq_single_warpgroup=True)
+    with pytest.raises(ValidationError, match=r"dq_single_warpgroup applies to backward kernels"):
+        KernelSpec(head_dim=64, dq_single_warpgroup=True)
 
 
 def test_causal_group_is_a_backward_field_left_out_of_json_at_its_default():

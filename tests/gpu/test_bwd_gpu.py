@@ -229,9 +229,24 @@ DQ_DEFERRED_CASES = [
 ]
 
 
+# Each step's dQ in one warpgroup over the whole head dim (dq_single_warpgroup) against both
+# warpgroups' halves: the same dot products, so the same dk and dv bits. Odd and even step counts
+# per key block (the warpgroups take turns by step, and the dQ buffers by tile), steps across heads,
+# one step or none per key block, several key blocks per persistent CTA, deterministic.
+DQ_SINGLE_WARPGROUP_CASES = [
+    # d, dt, causal, deterministic, b, sq, sk, hq, hkv
+    (64, "bf16", True, False, 2, 2049, 2049, 6, 2),
+    (64, "fp16", False, True, 3, 1031, 517, 4, 4),
+    (64, "fp16", True, False, 1, 40, 300, 2, 2),
+    (64, "bf16", False, False, 4, 130, 5000, 4, 2),
+    (96, "bf16", True, True, 1, 777, 2049, 4, 1),
+]
+
+
 # field -> (its values whose kernels must agree, the cases); scripts/gpu_specs.py prebuilds them.
 AGREEMENTS = {"scheduler": (("lpt", "grid"), SCHEDULER_CASES), "kv_registers": ((True, False), KV_REGISTER_CASES),
-              "dq_deferred": ((True, False), DQ_DEFERRED_CASES)}
+              "dq_deferred": ((True, False), DQ_DEFERRED_CASES),
+              "dq_single_warpgroup": ((True, False), DQ_SINGLE_WARPGROUP_CASES)}
 
 
 def agreement_spec(field, value, d, dt, causal, deterministic):
@@ -277,6 +292,11 @@ def test_kv_registers_agree(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
 @pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", DQ_DEFERRED_CASES)
 def test_dq_deferred_agrees(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
     assert_same_gradients("dq_deferred", 9300 + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
+
+
+@pytest.mark.parametrize("d, dt, causal, deterministic, b, sq, sk, hq, hkv", DQ_SINGLE_WARPGROUP_CASES)
+def test_dq_single_warpgroup_agrees(d, dt, causal, deterministic, b, sq, sk, hq, hkv):
+    assert_same_gradients("dq_single_warpgroup", 9500 + sq, d, dt, causal, deterministic, b, sq, sk, hq, hkv)
 
 
 @pytest.mark.parametrize("causal", [False, True])
