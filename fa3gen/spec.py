@@ -209,6 +209,11 @@ BWD_KV_REGISTERS_MAX_HEAD_DIM = 64
 # 339.6 -> 368.9, 444.4 -> 482.6, 487.4 -> 523.7, causal 235.7 -> 245.3, 333.3 -> 368.6,
 # 393.6 -> 415.8. (The causal kernels keep three per-tile values in local memory, 12-16 B.)
 BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS = (64, 96)
+# ... and so do the unmasked backward kernels of these head dims without a variant, at the step's
+# end (hdim 128 does not defer its dQ). Measured there (same process, s1k / s4k / s16k): 376.6 ->
+# 386.6, 492.4 -> 515.7, 541.2 -> 560.8, although the dQ accumulator beside dK's and dV's spills
+# 40 B; causal it spills 72 B and loses 3-4% (261.6 -> 251.6, 426.1 -> 408.3, 496.6 -> 478.0).
+BWD_DQ_SINGLE_WARPGROUP_UNMASKED_HEAD_DIMS = (128,)
 BWD_KV_REGISTERS_STAGES = 3
 
 
@@ -235,8 +240,13 @@ def _bwd_dq_deferred_default(fields: dict[str, Any]) -> bool:
 
 def _bwd_dq_single_warpgroup_default(fields: dict[str, Any]) -> bool:
     """dq_single_warpgroup when unset: on for the head dims in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS
-    whose kernels defer the dQ."""
-    return fields.get("head_dim") in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS and fields.get("dq_deferred") is True
+    whose kernels defer the dQ, and for the unmasked kernels without a variant of
+    BWD_DQ_SINGLE_WARPGROUP_UNMASKED_HEAD_DIMS that do not."""
+    head_dim, deferred = fields.get("head_dim"), fields.get("dq_deferred")
+    if head_dim in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS:
+        return deferred is True
+    plain = not fields.get("causal") and not any(fields.get(name) for name in _VARIANT_FIELDS)
+    return head_dim in BWD_DQ_SINGLE_WARPGROUP_UNMASKED_HEAD_DIMS and plain and deferred is False and _bwd_keys_split(fields)
 
 
 # Fields that canonical_json leaves out at their filled default: each maps a spec's fields (as
@@ -343,9 +353,9 @@ class KernelSpec(BaseModel):
     # probabilities, so it runs on the tensor cores beside that step's dPᵀ and dV instead of after
     # the step's own dK, where both warpgroups would wait for it. Forward specs leave it unset.
     dq_deferred: bool | None = None
-    # Backward with dq_deferred: each step's dQ GEMM runs in one consumer warpgroup over the whole
-    # head dim (N = head_dim), the two warpgroups taking turns by step, instead of both splitting
-    # the head dim. dS and K then cross shared memory once per step (the split reads all of dS in
+    # Backward with the keys split: each step's dQ GEMM runs in one consumer warpgroup over the
+    # whole head dim (N = head_dim), the two warpgroups taking turns by step, instead of both
+    # splitting the head dim. dS and K then cross shared memory once per step (the split reads all of dS in
     # each warpgroup), and the warpgroup without the step's dQ only signals that its dS is written
     # instead of waiting for the other's. Forward specs leave it unset.
     dq_single_warpgroup: bool | None = None
@@ -627,9 +637,9 @@ class KernelSpec(BaseModel):
         if self.dq_deferred and self.bwd_splits_head_dim:
             raise ValueError("dq_deferred needs each consumer warpgroup to own 64 keys (block_n=128): with the head "
                              "dim split, dK's GEMM already waits for both warpgroups' dS")
-        if self.dq_single_warpgroup and not self.dq_deferred:
-            raise ValueError("dq_single_warpgroup needs dq_deferred=True: the warpgroup that runs a step's dQ "
-                             "issues it in the next step")
+        if self.dq_single_warpgroup and self.bwd_splits_head_dim:
+            raise ValueError("dq_single_warpgroup needs each consumer warpgroup to own 64 keys (block_n=128): with "
+                             "the head dim split, dK's GEMM already waits for both warpgroups' dS")
         if self.scheduler == "static":
             raise ValueError("backward scheduler='static' is not available: use 'grid' (one CTA per key block) or "
                              "'lpt' (persistent CTAs claiming key blocks in order)")

@@ -70,7 +70,7 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.causal_group == 4 and not spec.name.endswith("_g4")
     assert spec.kv_registers == (d == 64) and spec.name.removesuffix("_dq1").removesuffix("_dqd").endswith("_kvr") == (d == 64)
     assert spec.dq_deferred == (d in (64, 96)) and spec.name.removesuffix("_dq1").endswith("_dqd") == (d in (64, 96))
-    assert spec.dq_single_warpgroup == (d in (64, 96)) and spec.name.endswith("_dq1") == (d in (64, 96))
+    assert spec.dq_single_warpgroup == (d in (64, 96, 128)) and spec.name.endswith("_dq1") == (d in (64, 96, 128))
 
 
 def test_kv_registers_is_a_backward_field_left_out_of_json_at_its_default():
@@ -128,9 +128,9 @@ def test_dq_deferred_is_a_backward_field_left_out_of_json_at_its_default():
         KernelSpec(kind="bwd", head_dim=256, dq_deferred=True)
 
 
-def test_dq_single_warpgroup_needs_dq_deferred_and_renders_turns():
+def test_dq_single_warpgroup_renders_turns():
     """dq_single_warpgroup (one warpgroup runs a step's whole dQ, the two taking turns): a backward
-    field that needs dq_deferred, left out of the canonical JSON at its default, refused for the
+    field of the keys-split kernels, on by default with dq_deferred, left out of the canonical JSON at its default, refused for the
     forward; its kernel runs the dQ GEMM over the whole head dim in one warpgroup, gives the dQ
     tile in that warpgroup's fragment order to the writer and the conversion, and waits on one dS
     barrier per issuing warpgroup."""
@@ -152,9 +152,15 @@ def test_dq_single_warpgroup_needs_dq_deferred_and_renders_turns():
     assert "ds_ready_barrier" not in src_off
     # The previous step's dQ, in the loop and after it, by whichever warpgroup's turn it is.
     assert src_on.count("tDQrDS(_, _, _, buffer ^ 1)") == 2 and src_on.count("dq_warpgroup(step - 1) == warpgroup") == 1
-    with pytest.raises(ValidationError, match=r"dq_single_warpgroup needs dq_deferred=True"):
-        KernelSpec(kind="bwd", head_dim=64, dq_deferred=False, dq_single_warpgroup=True)
-    with pytest.raises(ValidationError, match=r"dq_single_warpgroup needs dq_deferred=True"):
+    # Without dq_deferred, the warpgroup whose turn it is runs the step's dQ at the step's end.
+    plain = fa3gen.render(KernelSpec(kind="bwd", head_dim=128, dq_single_warpgroup=True))
+    assert plain.count("tDQrDS(_, _, _, buffer)") == 1 and "dq_warpgroup(step) == warpgroup" in plain
+    # hdim 128: on without a mask or variant (there its dQ accumulator beside dK's and dV's spills less).
+    assert KernelSpec(kind="bwd", head_dim=128).dq_single_warpgroup
+    assert KernelSpec(kind="bwd", head_dim=128, deterministic=True).dq_single_warpgroup
+    assert not any(KernelSpec(kind="bwd", head_dim=128, **kw).dq_single_warpgroup
+                   for kw in (dict(causal=True), dict(window=True), dict(softcap=True), dict(alibi=True)))
+    with pytest.raises(ValidationError, match=r"dq_single_warpgroup needs each consumer warpgroup to own 64 keys"):
         KernelSpec(kind="bwd", head_dim=256, dq_single_warpgroup=True)
     with pytest.raises(ValidationError, match=r"dq_single_warpgroup applies to backward kernels"):
         KernelSpec(head_dim=64, dq_single_warpgroup=True)

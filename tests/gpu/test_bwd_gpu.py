@@ -240,6 +240,7 @@ DQ_SINGLE_WARPGROUP_CASES = [
     (64, "fp16", True, False, 1, 40, 300, 2, 2),
     (64, "bf16", False, False, 4, 130, 5000, 4, 2),
     (96, "bf16", True, True, 1, 777, 2049, 4, 1),
+    (128, "bf16", False, True, 2, 1000, 4100, 8, 2),  # at the step's end (hdim 128 does not defer it)
 ]
 
 
