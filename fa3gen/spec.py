@@ -207,7 +207,7 @@ BWD_KV_REGISTERS_MAX_HEAD_DIM = 64
 # 16k tokens, same process, TFLOP/s, s1k / s4k / s16k, without -> with): hdim 64 315.6 -> 359.1,
 # 392.9 -> 450.7, 415.5 -> 480.8, causal 203.4 -> 213.9, 291.5 -> 311.1, 340.2 -> 363.1; hdim 96
 # 339.6 -> 368.9, 444.4 -> 482.6, 487.4 -> 523.7, causal 235.7 -> 245.3, 333.3 -> 368.6,
-# 393.6 -> 415.8. (The causal kernels keep three per-tile values in local memory, 12-16 B.)
+# 393.6 -> 415.8. (The causal hdim 96 kernels keep per-tile values in local memory, 28 B.)
 BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS = (64, 96)
 # ... and so do the unmasked backward kernels of these head dims without a variant, at the step's
 # end (hdim 128 does not defer its dQ). Measured there (same process, s1k / s4k / s16k): 376.6 ->
@@ -244,7 +244,8 @@ def _bwd_dq_single_warpgroup_default(fields: dict[str, Any]) -> bool:
     BWD_DQ_SINGLE_WARPGROUP_UNMASKED_HEAD_DIMS that do not."""
     head_dim, deferred = fields.get("head_dim"), fields.get("dq_deferred")
     if head_dim in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS:
-        return deferred is True
+        # Not with ALiBi or a mask_mod (unmeasured there, and their hdim 64 kernels spill 12-24 B with it).
+        return deferred is True and not fields.get("alibi") and fields.get("mask_mod") is None
     plain = not fields.get("causal") and not any(fields.get(name) for name in _VARIANT_FIELDS)
     return head_dim in BWD_DQ_SINGLE_WARPGROUP_UNMASKED_HEAD_DIMS and plain and deferred is False and _bwd_keys_split(fields)
 

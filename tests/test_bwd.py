@@ -166,6 +166,19 @@ def test_dq_single_warpgroup_renders_turns():
         KernelSpec(head_dim=64, dq_single_warpgroup=True)
 
 
+def test_backward_tests_each_entry_only_on_masked_blocks():
+    """A causal or windowed backward runs the probabilities in two versions, the per-entry mask
+    test only on the blocks that need it; without a band (only seqlen_k bounds the keys) one
+    loop tests every block's entries against seqlen_k when the block crosses it."""
+    for spec in (KernelSpec(kind="bwd", head_dim=64, causal=True), KernelSpec(kind="bwd", head_dim=128, window=True),
+                 KernelSpec(kind="bwd", head_dim=256, causal=True, softcap=True)):
+        src = fa3gen.render(spec)
+        assert "fill(cute::true_type{});" in src and "fill(cute::false_type{});" in src
+        assert "decltype(masked)::value && !visible(p, batch, head, row, key)" in src
+    plain = fa3gen.render(KernelSpec(kind="bwd", head_dim=64))
+    assert "fill(cute::" not in plain and "needs_mask && !visible(p, batch, head, row, key)" in plain
+
+
 def test_causal_group_is_a_backward_field_left_out_of_json_at_its_default():
     """causal_group orders the causal backward's key blocks in groups of (batch, kv head) pairs:
     filled for backward specs, refused for the forward, named when not the default, and written
