@@ -632,15 +632,14 @@ class KernelSpec(BaseModel):
                              "not causal (its key blocks run in order): leave it unset")
         if self.q_registers is not None:
             raise ValueError("q_registers applies to forward kernels; leave it unset for kind='bwd'")
-        if self.kv_registers and self.bwd_splits_head_dim:
-            raise ValueError("kv_registers needs each consumer warpgroup to own 64 keys (block_n=128): with the head "
-                             "dim split both read the same keys")
-        if self.dq_deferred and self.bwd_splits_head_dim:
-            raise ValueError("dq_deferred needs each consumer warpgroup to own 64 keys (block_n=128): with the head "
-                             "dim split, dK's GEMM already waits for both warpgroups' dS")
-        if self.dq_single_warpgroup and self.bwd_splits_head_dim:
-            raise ValueError("dq_single_warpgroup needs each consumer warpgroup to own 64 keys (block_n=128): with "
-                             "the head dim split, dK's GEMM already waits for both warpgroups' dS")
+        # The step layouts these fields change exist only with the keys split: why not otherwise.
+        keys_split_only = {"kv_registers": "both read the same keys",
+                           "dq_deferred": "dK's GEMM already waits for both warpgroups' dS",
+                           "dq_single_warpgroup": "each warpgroup's dK GEMM already reads both warpgroups' dS"}
+        for name, why in keys_split_only.items():
+            if getattr(self, name) and self.bwd_splits_head_dim:
+                raise ValueError(f"{name} needs each consumer warpgroup to own 64 keys (block_n=128): with the head "
+                                 f"dim split {why}")
         if self.scheduler == "static":
             raise ValueError("backward scheduler='static' is not available: use 'grid' (one CTA per key block) or "
                              "'lpt' (persistent CTAs claiming key blocks in order)")
@@ -679,13 +678,9 @@ class KernelSpec(BaseModel):
         if self.causal_group is not None:
             raise ValueError("causal_group applies to backward kernels (kind='bwd'); the forward's lpt scheduler "
                              "orders its tiles by itself")
-        if self.kv_registers is not None:
-            raise ValueError("kv_registers applies to backward kernels (kind='bwd'); leave it unset for the forward")
-        if self.dq_deferred is not None:
-            raise ValueError("dq_deferred applies to backward kernels (kind='bwd'); leave it unset for the forward")
-        if self.dq_single_warpgroup is not None:
-            raise ValueError("dq_single_warpgroup applies to backward kernels (kind='bwd'); leave it unset for the "
-                             "forward")
+        for name in ("kv_registers", "dq_deferred", "dq_single_warpgroup"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} applies to backward kernels (kind='bwd'); leave it unset for the forward")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None
