@@ -31,11 +31,13 @@ THREADS_PER_WARPGROUP = 128
 # not offered: its launch-time register count is not capped low enough for the split to be sure
 # to be an increase for the consumers, and it was never run on the GPU.
 REGISTER_SPLIT = {2: (40, 232), 3: (32, 160)}
-# The backward's producer warpgroup runs the loads and the dQ writer warp (24 spilled 4-12 B in the
-# writer's loop); its two consumer warpgroups hold dK and dV accumulators for the whole CTA and get
-# the rest. A split must fit what the launch allocates (168 per thread x 384 = 64512): setmaxnreg
-# only moves registers inside that pool, and a request beyond it blocks forever (32/240 hung).
-BWD_REGISTER_SPLIT = (40, 232)
+# The backward's producer warpgroup runs the loads and the dQ writer warp; its two consumer
+# warpgroups hold dK and dV accumulators for the whole CTA and get the rest of what the launch
+# allocates (168 per thread x 384 = 64512): setmaxnreg only moves registers inside that pool, and
+# a request beyond it blocks forever (32/240 hung). So the producer's count (producer_registers)
+# sets the split: 40 -> 232 for the consumers, 24 -> 240 (24 spills 4-12 B in the writer's loop).
+BWD_PRODUCER_REGISTERS = (24, 40)
+BWD_PRODUCER_REGISTERS_DEFAULT = 40
 # Head dims up to this one may give each backward consumer warpgroup 64 keys of its own (block_n 128):
 # its fp32 dK and dV then span the whole head dim, 2 * 64 * d / 128 = d registers per thread, which
 # leaves room for Sᵀ, dPᵀ and dQ only up to 128. Wider heads split the head dim instead (block_n 64).
@@ -209,11 +211,23 @@ BWD_KV_REGISTERS_MAX_HEAD_DIM = 64
 # 339.6 -> 368.9, 444.4 -> 482.6, 487.4 -> 523.7, causal 235.7 -> 245.3, 333.3 -> 368.6,
 # 393.6 -> 415.8. (The causal hdim 96 kernels keep per-tile values in local memory, 28 B.)
 BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS = (64, 96)
-# ... and so do the unmasked backward kernels of these head dims without a variant, at the step's
-# end (hdim 128 does not defer its dQ). Measured there (same process, s1k / s4k / s16k): 376.6 ->
-# 386.6, 492.4 -> 515.7, 541.2 -> 560.8, although the dQ accumulator beside dK's and dV's spills
-# 40 B; causal it spills 72 B and loses 3-4% (261.6 -> 251.6, 426.1 -> 408.3, 496.6 -> 478.0).
-BWD_DQ_SINGLE_WARPGROUP_UNMASKED_HEAD_DIMS = (128,)
+# ... and so do the backward kernels of these head dims without a variant (causal or not), at the
+# step's end (hdim 128 does not defer its dQ). Measured there (same process, s1k / s4k / s16k):
+# 376.6 -> 386.6, 492.4 -> 515.7, 541.2 -> 560.8, although the dQ accumulator beside dK's and dV's
+# spills 40 B. Causal it spilled 72 B and lost 3-4% while every block tested each entry's mask
+# (261.6 -> 251.6, 426.1 -> 408.3, 496.6 -> 478.0); with the test only on the diagonal's blocks it
+# gains (2026-12-01, s1k / s4k / s16k: 270.8 -> 270.5, 440.5 -> 461.4, 512.4 -> 544.1), and more
+# with the producer at 24 registers (below).
+BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS = (128,)
+# Backward kernels of these head dims that run each step's dQ in one warpgroup at the step's end
+# give the producer warpgroup 24 registers and their consumers 240: the 64 fp32 of the dQ
+# accumulator beside dK's and dV's 128 then leave the step loop without spills (the causal kernel
+# spilled 80 B at 232, 56 B at 240, all per key block; the plain one 40 -> 16 B), for 24 spilled in
+# the producer's loops. Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s,
+# s512 / s1k / s4k / s16k, 40 -> 24): 300.2 -> 310.4, 390.0 -> 404.9, 503.9 -> 512.0,
+# 566.6 -> 564.7; causal 177.1 -> 188.2, 270.5 -> 284.6, 461.4 -> 477.7, 544.1 -> 558.1 (cuDNN
+# 505.8 there). The causal kernel with both halves of the dQ gained 1-3% from it.
+BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS = (128,)
 BWD_KV_REGISTERS_STAGES = 3
 
 
@@ -240,14 +254,23 @@ def _bwd_dq_deferred_default(fields: dict[str, Any]) -> bool:
 
 def _bwd_dq_single_warpgroup_default(fields: dict[str, Any]) -> bool:
     """dq_single_warpgroup when unset: on for the head dims in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS
-    whose kernels defer the dQ, and for the unmasked kernels without a variant of
-    BWD_DQ_SINGLE_WARPGROUP_UNMASKED_HEAD_DIMS that do not."""
+    whose kernels defer the dQ, and for the kernels without a variant of
+    BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS that do not."""
     head_dim, deferred = fields.get("head_dim"), fields.get("dq_deferred")
     if head_dim in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS:
         # Not with ALiBi or a mask_mod (unmeasured there, and their hdim 64 kernels spill 12-24 B with it).
         return deferred is True and not fields.get("alibi") and fields.get("mask_mod") is None
-    plain = not fields.get("causal") and not any(fields.get(name) for name in _VARIANT_FIELDS)
-    return head_dim in BWD_DQ_SINGLE_WARPGROUP_UNMASKED_HEAD_DIMS and plain and deferred is False and _bwd_keys_split(fields)
+    plain = not any(fields.get(name) for name in _VARIANT_FIELDS)
+    return head_dim in BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS and plain and deferred is False and _bwd_keys_split(fields)
+
+
+def _bwd_producer_registers_default(fields: dict[str, Any]) -> int:
+    """producer_registers when unset: 24 where a step's dQ runs in one warpgroup at the step's end
+    (BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS), else BWD_PRODUCER_REGISTERS_DEFAULT."""
+    step_end_dq = fields.get("dq_single_warpgroup") is True and fields.get("dq_deferred") is False
+    if step_end_dq and fields.get("head_dim") in BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS:
+        return min(BWD_PRODUCER_REGISTERS)
+    return BWD_PRODUCER_REGISTERS_DEFAULT
 
 
 # Fields that canonical_json leaves out at their filled default: each maps a spec's fields (as
@@ -258,6 +281,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "kv_registers": lambda f: _bwd_kv_registers_default(f) if f["kind"] == "bwd" else None,
     "dq_deferred": lambda f: _bwd_dq_deferred_default(f) if f["kind"] == "bwd" else None,
     "dq_single_warpgroup": lambda f: _bwd_dq_single_warpgroup_default(f) if f["kind"] == "bwd" else None,
+    "producer_registers": lambda f: _bwd_producer_registers_default(f) if f["kind"] == "bwd" else None,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -360,6 +384,10 @@ class KernelSpec(BaseModel):
     # each warpgroup), and the warpgroup without the step's dQ only signals that its dS is written
     # instead of waiting for the other's. Forward specs leave it unset.
     dq_single_warpgroup: bool | None = None
+    # Backward: registers per thread of the producer warpgroup (its load thread and dQ writer warp),
+    # out of BWD_PRODUCER_REGISTERS; the consumer warpgroups get the rest (40 -> 232, 24 -> 240).
+    # None: BWD_PRODUCER_REGISTERS_DEFAULT. Forward specs leave it unset.
+    producer_registers: int | None = None
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
     # Inputs' element type. "e4m3": Q, K, V in float8_e4m3fn with descaling factors (fa3gen.fp8),
@@ -562,6 +590,8 @@ class KernelSpec(BaseModel):
                 data[field] = default
         if data.get("dq_single_warpgroup") is None:  # after dq_deferred, which it needs
             data["dq_single_warpgroup"] = _bwd_dq_single_warpgroup_default(data)
+        if data.get("producer_registers") is None:
+            data["producer_registers"] = _bwd_producer_registers_default(data)
         if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile), three with kv_registers
             sizes = (data.get("block_m"), data.get("block_n"), d, data.get("head_dim_v"))
 
@@ -640,6 +670,10 @@ class KernelSpec(BaseModel):
             if getattr(self, name) and self.bwd_splits_head_dim:
                 raise ValueError(f"{name} needs each consumer warpgroup to own 64 keys (block_n=128): with the head "
                                  f"dim split {why}")
+        if self.producer_registers not in BWD_PRODUCER_REGISTERS:
+            raise ValueError(f"producer_registers={self.producer_registers} must be one of {BWD_PRODUCER_REGISTERS}: "
+                             f"the consumer warpgroups get the rest of the launch's {self.register_pool} registers "
+                             "per CTA, in multiples of 8")
         if self.scheduler == "static":
             raise ValueError("backward scheduler='static' is not available: use 'grid' (one CTA per key block) or "
                              "'lpt' (persistent CTAs claiming key blocks in order)")
@@ -678,7 +712,7 @@ class KernelSpec(BaseModel):
         if self.causal_group is not None:
             raise ValueError("causal_group applies to backward kernels (kind='bwd'); the forward's lpt scheduler "
                              "orders its tiles by itself")
-        for name in ("kv_registers", "dq_deferred", "dq_single_warpgroup"):
+        for name in ("kv_registers", "dq_deferred", "dq_single_warpgroup", "producer_registers"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to backward kernels (kind='bwd'); leave it unset for the forward")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
@@ -807,10 +841,18 @@ class KernelSpec(BaseModel):
         return THREADS_PER_WARPGROUP * (1 + self.num_consumer_warpgroups)
 
     @property
+    def register_pool(self) -> int:
+        """Registers the launch allocates a CTA: 65536 / threads per thread, in multiples of 8;
+        setmaxnreg moves registers only within them."""
+        return REGISTERS_PER_SM // self.num_threads // 8 * 8 * self.num_threads
+
+    @property
     def register_split(self) -> tuple[int, int]:
         assert self.num_consumer_warpgroups
         if self.kind == "bwd":
-            return BWD_REGISTER_SPLIT
+            assert self.producer_registers is not None
+            rest = self.register_pool - THREADS_PER_WARPGROUP * self.producer_registers
+            return self.producer_registers, rest // (THREADS_PER_WARPGROUP * self.num_consumer_warpgroups) // 8 * 8
         if self.is_fp8 and self.num_consumer_warpgroups in FP8_REGISTER_SPLIT:
             return FP8_REGISTER_SPLIT[self.num_consumer_warpgroups]
         return REGISTER_SPLIT[self.num_consumer_warpgroups]
@@ -835,6 +877,7 @@ class KernelSpec(BaseModel):
             sched += "_kvr" if self.kv_registers else ""
             sched += "_dqd" if self.dq_deferred else ""
             sched += "_dq1" if self.dq_single_warpgroup else ""
+            sched += f"_p{self.producer_registers}" if self.producer_registers != BWD_PRODUCER_REGISTERS_DEFAULT else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)

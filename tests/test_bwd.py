@@ -63,14 +63,15 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
     assert spec.scheduler == ("grid" if d == 256 else "lpt")
-    assert spec.name.removesuffix("_dq1").removesuffix("_dqd").removesuffix("_kvr").endswith("_lpt") == (spec.scheduler == "lpt")
+    assert spec.name.removesuffix("_p24").removesuffix("_dq1").removesuffix("_dqd").removesuffix("_kvr").endswith("_lpt") == (spec.scheduler == "lpt")
     assert "_det" in KernelSpec(kind="bwd", head_dim=d, deterministic=True).name
     # block_n 64 below hdim 128 splits the head dim too, so it keeps the grid.
     assert KernelSpec(kind="bwd", head_dim=64, block_n=64).scheduler == "grid"
     assert spec.causal_group == 4 and not spec.name.endswith("_g4")
     assert spec.kv_registers == (d == 64) and spec.name.removesuffix("_dq1").removesuffix("_dqd").endswith("_kvr") == (d == 64)
     assert spec.dq_deferred == (d in (64, 96)) and spec.name.removesuffix("_dq1").endswith("_dqd") == (d in (64, 96))
-    assert spec.dq_single_warpgroup == (d in (64, 96, 128)) and spec.name.endswith("_dq1") == (d in (64, 96, 128))
+    assert spec.dq_single_warpgroup == (d in (64, 96, 128)) and spec.name.removesuffix("_p24").endswith("_dq1") == (d in (64, 96, 128))
+    assert spec.producer_registers == (24 if d == 128 else 40) and spec.name.endswith("_p24") == (d == 128)
 
 
 def test_kv_registers_is_a_backward_field_left_out_of_json_at_its_default():
@@ -155,15 +156,43 @@ def test_dq_single_warpgroup_renders_turns():
     # Without dq_deferred, the warpgroup whose turn it is runs the step's dQ at the step's end.
     plain = fa3gen.render(KernelSpec(kind="bwd", head_dim=128, dq_single_warpgroup=True))
     assert plain.count("tDQrDS(_, _, _, buffer)") == 1 and "dq_warpgroup(step) == warpgroup" in plain
-    # hdim 128: on without a mask or variant (there its dQ accumulator beside dK's and dV's spills less).
-    assert KernelSpec(kind="bwd", head_dim=128).dq_single_warpgroup
-    assert KernelSpec(kind="bwd", head_dim=128, deterministic=True).dq_single_warpgroup
+    # hdim 128: on without a variant, causal or not (measured faster there), off with one (unmeasured).
+    assert all(KernelSpec(kind="bwd", head_dim=128, **kw).dq_single_warpgroup
+               for kw in (dict(), dict(deterministic=True), dict(causal=True)))
     assert not any(KernelSpec(kind="bwd", head_dim=128, **kw).dq_single_warpgroup
-                   for kw in (dict(causal=True), dict(window=True), dict(softcap=True), dict(alibi=True)))
+                   for kw in (dict(window=True), dict(softcap=True), dict(alibi=True), dict(causal=True, window=True)))
     with pytest.raises(ValidationError, match=r"dq_single_warpgroup needs each consumer warpgroup to own 64 keys"):
         KernelSpec(kind="bwd", head_dim=256, dq_single_warpgroup=True)
     with pytest.raises(ValidationError, match=r"dq_single_warpgroup applies to backward kernels"):
         KernelSpec(head_dim=64, dq_single_warpgroup=True)
+
+
+def test_producer_registers_sets_the_backward_register_split():
+    """producer_registers: the backward producer warpgroup's setmaxnreg count, the consumers get the
+    rest of the launch's 64512 registers (40 -> 232, 24 -> 240). 24 by default where a step's dQ
+    runs in one warpgroup at the step's end (hdim 128), 40 elsewhere; left out of the canonical
+    JSON at its default; refused for the forward and outside the offered counts."""
+    d128, d64 = KernelSpec(kind="bwd", head_dim=128), KernelSpec(kind="bwd", head_dim=64)
+    assert (d128.producer_registers, d128.register_split) == (24, (24, 240))
+    assert (d64.producer_registers, d64.register_split) == (40, (40, 232))
+    # Not where the dQ is split between the warpgroups or deferred, nor with the head dim split.
+    for kw in (dict(head_dim=128, dq_single_warpgroup=False), dict(head_dim=128, softcap=True),
+               dict(head_dim=96), dict(head_dim=256), dict(head_dim=192)):
+        assert KernelSpec(kind="bwd", **kw).producer_registers == 40, kw
+    for spec in (d128, d64):
+        assert 128 * spec.register_split[0] + 256 * spec.register_split[1] <= spec.register_pool == 64512
+    flipped = KernelSpec(kind="bwd", head_dim=128, producer_registers=40)
+    assert '"producer_registers"' not in d128.canonical_json() and '"producer_registers":40' in flipped.canonical_json()
+    for spec in (d128, flipped, KernelSpec(kind="bwd", head_dim=64, producer_registers=24)):
+        assert KernelSpec.from_json(spec.canonical_json()) == spec
+    assert d128.name.endswith("_dq1_p24") and flipped.name.endswith("_dq1")
+    src = fa3gen.render(d128)
+    assert "constexpr int kProducerRegisters = 24;" in src and "constexpr int kConsumerRegisters = 240;" in src
+    assert "constexpr int kConsumerRegisters = 232;" in fa3gen.render(flipped)
+    with pytest.raises(ValidationError, match=r"producer_registers=32 must be one of \(24, 40\)"):
+        KernelSpec(kind="bwd", head_dim=128, producer_registers=32)
+    with pytest.raises(ValidationError, match=r"producer_registers applies to backward kernels"):
+        KernelSpec(head_dim=128, producer_registers=24)
 
 
 def test_backward_tests_each_entry_only_on_masked_blocks():
@@ -189,7 +218,7 @@ def test_causal_group_is_a_backward_field_left_out_of_json_at_its_default():
     assert "causal_group" not in KernelSpec(head_dim=128).canonical_json()
     for spec in (default, two, KernelSpec(head_dim=128)):
         assert KernelSpec.from_json(spec.canonical_json()) == spec
-    assert two.name.endswith("_lpt_g2") and two.content_hash != default.content_hash
+    assert "_lpt_g2" in two.name and two.content_hash != default.content_hash
     assert "constexpr int kCausalGroup = 2;" in fa3gen.render(two)
     assert "constexpr int kCausalGroup = 4;" in fa3gen.render(default)
     with pytest.raises(ValidationError, match=r"causal_group applies to backward kernels"):
