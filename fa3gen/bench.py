@@ -284,10 +284,12 @@ def _fwd_fns(q, k, v, scale: float, causal: bool):
     return fns, outputs
 
 
-def _bwd_fns(q, k, v, scale: float, causal: bool, gen, kernel: Any = None):
+def _bwd_fns(q, k, v, scale: float, causal: bool, gen, kernel: Any = None, variant: Any = None):
     """The backward's {impl: fn} (the forward done once beforehand, outside the timing) and
     {impl: fn -> (dq, dk, dv) in (b, s, h, d)} for the check. fa3gen runs `kernel` (a compiled
-    backward spec, with its deterministic switch) when given, else the registry's."""
+    backward spec, with its deterministic switch) when given, else the registry's; `variant`
+    (fa3gen.variant_args.VariantArgs) gives fa3gen's forward and backward the built-in variants'
+    values (the peers run without them)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -297,9 +299,11 @@ def _bwd_fns(q, k, v, scale: float, causal: bool, gen, kernel: Any = None):
     dout = torch.randn(q.shape[:3] + v.shape[-1:], device=q.device, dtype=q.dtype, generator=gen)
     fns: dict[str, Callable[[], Any]] = {}
     try:
-        out, lse = ops._forward_impl(q, k, v, scale, causal)
+        values = {} if variant is None else {"variant": variant}
+        out, lse = ops._forward_impl(q, k, v, scale, causal, **values)
         deterministic = kernel.spec.deterministic if kernel is not None else False
-        fns["fa3gen"] = lambda: ops._backward_impl(dout, q, k, v, out, lse, scale, causal, deterministic, kernel)
+        fns["fa3gen"] = lambda: ops._backward_impl(dout, q, k, v, out, lse, scale, causal, deterministic, kernel,
+                                                   **values)
     except Exception as e:  # reported as this implementation's error
         fns["fa3gen"] = _failing(e)
 

@@ -217,8 +217,13 @@ BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS = (64, 96)
 # spills 40 B. Causal it spilled 72 B and lost 3-4% while every block tested each entry's mask
 # (261.6 -> 251.6, 426.1 -> 408.3, 496.6 -> 478.0); with the test only on the diagonal's blocks it
 # gains (2026-12-01, s1k / s4k / s16k: 270.8 -> 270.5, 440.5 -> 461.4, 512.4 -> 544.1), and more
-# with the producer at 24 registers (below).
+# with the producer at 24 registers (below). So do the windows and soft-capping (same H200 and day,
+# same process, with the producer at 24, s1k / s4k / s16k): causal 1k window 274.9 -> 285.6,
+# 751.8 -> 785.1, 2702.6 -> 2914.8; causal softcap 244.0 -> 253.2, 378.4 -> 406.6, 432.7 -> 477.1;
+# softcap 350.3 -> 354.9, 431.1 -> 448.3, 463.7 -> 486.2. ALiBi tied (529.8 -> 527.2 at s16k), and
+# the custom mods were not measured: those keep the dQ split over both warpgroups.
 BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS = (128,)
+_BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT = ("alibi", "score_mod", "mask_mod")
 # Backward kernels of these head dims that run each step's dQ in one warpgroup at the step's end
 # give the producer warpgroup 24 registers and their consumers 240: the 64 fp32 of the dQ
 # accumulator beside dK's and dV's 128 then leave the step loop without spills (the causal kernel
@@ -254,14 +259,14 @@ def _bwd_dq_deferred_default(fields: dict[str, Any]) -> bool:
 
 def _bwd_dq_single_warpgroup_default(fields: dict[str, Any]) -> bool:
     """dq_single_warpgroup when unset: on for the head dims in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS
-    whose kernels defer the dQ, and for the kernels without a variant of
-    BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS that do not."""
+    whose kernels defer the dQ, and for the kernels of BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS
+    that do not, except with ALiBi or a custom mod."""
     head_dim, deferred = fields.get("head_dim"), fields.get("dq_deferred")
     if head_dim in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS:
         # Not with ALiBi or a mask_mod (unmeasured there, and their hdim 64 kernels spill 12-24 B with it).
         return deferred is True and not fields.get("alibi") and fields.get("mask_mod") is None
-    plain = not any(fields.get(name) for name in _VARIANT_FIELDS)
-    return head_dim in BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS and plain and deferred is False and _bwd_keys_split(fields)
+    measured = not any(fields.get(name) for name in _BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT)
+    return head_dim in BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS and measured and deferred is False and _bwd_keys_split(fields)
 
 
 def _bwd_producer_registers_default(fields: dict[str, Any]) -> int:

@@ -12,7 +12,8 @@ against fa3gen.flash_attn_func's with the same values (the default kernel of tha
 the peers, timed without the variant, count the same FLOPs (the full or causal problem's).
 Backward specs (kind "bwd") time fa3gen's op-level backward with that kernel against autograd
 through each SDPA backend, as `fa3gen bench --pass bwd` does, on the same q, k, v and dout; each
-kernel's dq, dk, dv are checked against cuDNN's.
+kernel's dq, dk, dv are checked against cuDNN's (with --variant: against the default backward
+kernel's with the same values, after fa3gen's forward with them).
 
 Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] [--graph] [--variant JSON] SPEC_JSON [SPEC_JSON ...]
        python scripts/compare_specs.py @specs.jsonl   # one spec JSON per line
@@ -31,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
+from fa3gen.variant_args import VariantArgs  # noqa: E402
 from fa3gen.bench import (CALLS_PER_GRAPH, _bwd_fns, _fwd_fns, attn_bwd_flops, attn_fwd_flops,  # noqa: E402
                           bench_cases, cuda_graph_of, time_cuda_ms_interleaved)
 
@@ -66,22 +68,28 @@ def _fwd_kernel_fns(kernels: list, q, k, v, scale: float, causal: bool, variant:
 
 
 def _bwd_kernel_fns(kernels: list, q, k, v, scale: float, causal: bool, seed: int,
-                    tol: float) -> tuple[dict, int]:
+                    tol: float, variant: dict | None) -> tuple[dict, int]:
     """The peers' and each backward kernel's {name: fn} on one dout (the same seed), and how many
-    kernels' gradients mismatched cuDNN's."""
+    kernels' gradients mismatched cuDNN's (with a variant: the default kernel's with its values)."""
+    values = VariantArgs(**_variant_kwargs(variant, q.shape[2])) if variant else None
     fns, ref, failed = {}, None, 0
     for kernel in kernels:
         gen = torch.Generator(device="cuda").manual_seed(seed)
-        impls, outputs = _bwd_fns(q, k, v, scale, causal, gen, kernel)
+        impls, outputs = _bwd_fns(q, k, v, scale, causal, gen, kernel, values)
         if ref is None:
             fns.update(cudnn=impls["cudnn"], flash=impls["flash"])
-            ref = outputs["cudnn"]()
+            if values is None:
+                ref = outputs["cudnn"]()
+            else:
+                gen = torch.Generator(device="cuda").manual_seed(seed)
+                ref = _bwd_fns(q, k, v, scale, causal, gen, None, values)[1]["fa3gen"]()
         # Largest error relative to the largest gradient entry, over dq, dk and dv.
         diff = max(float((g.float() - r.float()).abs().max() / r.float().abs().max())
                    for g, r in zip(outputs["fa3gen"](), ref))
         if not diff <= tol:
             failed += 1
-            print(f"MISMATCH {kernel.spec.name} s{q.shape[1]}: dq/dk/dv vs cuDNN: max abs diff / max abs {diff:.1e}",
+            print(f"MISMATCH {kernel.spec.name} s{q.shape[1]}: dq/dk/dv vs {'the default' if variant else 'cuDNN'}: "
+                  f"max abs diff / max abs {diff:.1e}",
                   flush=True)
         fns[kernel.spec.name] = impls["fa3gen"]
     return fns, failed
@@ -105,7 +113,7 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
             scale = 1 / math.sqrt(d)
             tol = (2e-2 if dt == "bf16" else 4e-3) * 4
             if kind == "bwd":
-                fns, failed = _bwd_kernel_fns(kernels, q, k, v, scale, causal, s + d, tol / 2)
+                fns, failed = _bwd_kernel_fns(kernels, q, k, v, scale, causal, s + d, tol / 2, variant)
                 flops = attn_bwd_flops(b, h, s, s, d, causal)
             else:
                 fns, failed = _fwd_kernel_fns(kernels, q, k, v, scale, causal, variant, tol)

@@ -156,11 +156,14 @@ def test_dq_single_warpgroup_renders_turns():
     # Without dq_deferred, the warpgroup whose turn it is runs the step's dQ at the step's end.
     plain = fa3gen.render(KernelSpec(kind="bwd", head_dim=128, dq_single_warpgroup=True))
     assert plain.count("tDQrDS(_, _, _, buffer)") == 1 and "dq_warpgroup(step) == warpgroup" in plain
-    # hdim 128: on without a variant, causal or not (measured faster there), off with one (unmeasured).
+    # hdim 128: on causal or not, with windows and soft-capping (measured faster there); off with
+    # ALiBi (tied) and the custom mods (unmeasured).
     assert all(KernelSpec(kind="bwd", head_dim=128, **kw).dq_single_warpgroup
-               for kw in (dict(), dict(deterministic=True), dict(causal=True)))
+               for kw in (dict(), dict(deterministic=True), dict(causal=True), dict(window=True), dict(softcap=True),
+                          dict(causal=True, window=True, softcap=True)))
     assert not any(KernelSpec(kind="bwd", head_dim=128, **kw).dq_single_warpgroup
-                   for kw in (dict(window=True), dict(softcap=True), dict(alibi=True), dict(causal=True, window=True)))
+                   for kw in (dict(alibi=True), dict(causal=True, alibi=True),
+                              dict(mask_mod={"expr": "kv_idx <= q_idx"})))
     with pytest.raises(ValidationError, match=r"dq_single_warpgroup needs each consumer warpgroup to own 64 keys"):
         KernelSpec(kind="bwd", head_dim=256, dq_single_warpgroup=True)
     with pytest.raises(ValidationError, match=r"dq_single_warpgroup applies to backward kernels"):
@@ -176,7 +179,7 @@ def test_producer_registers_sets_the_backward_register_split():
     assert (d128.producer_registers, d128.register_split) == (24, (24, 240))
     assert (d64.producer_registers, d64.register_split) == (40, (40, 232))
     # Not where the dQ is split between the warpgroups or deferred, nor with the head dim split.
-    for kw in (dict(head_dim=128, dq_single_warpgroup=False), dict(head_dim=128, softcap=True),
+    for kw in (dict(head_dim=128, dq_single_warpgroup=False), dict(head_dim=128, alibi=True),
                dict(head_dim=96), dict(head_dim=256), dict(head_dim=192)):
         assert KernelSpec(kind="bwd", **kw).producer_registers == 40, kw
     for spec in (d128, d64):
