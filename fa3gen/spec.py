@@ -211,8 +211,8 @@ BWD_KV_REGISTERS_MAX_HEAD_DIM = 64
 # 339.6 -> 368.9, 444.4 -> 482.6, 487.4 -> 523.7, causal 235.7 -> 245.3, 333.3 -> 368.6,
 # 393.6 -> 415.8. (The causal hdim 96 kernels keep per-tile values in local memory, 28 B.)
 BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS = (64, 96)
-# ... and so do the backward kernels of these head dims without a variant (causal or not), at the
-# step's end (hdim 128 does not defer its dQ). Measured there (same process, s1k / s4k / s16k):
+# ... and so do the backward kernels of these head dims, causal or not, at the step's end (hdim
+# 128 does not defer its dQ). Measured there (same process, s1k / s4k / s16k):
 # 376.6 -> 386.6, 492.4 -> 515.7, 541.2 -> 560.8, although the dQ accumulator beside dK's and dV's
 # spills 40 B. Causal it spilled 72 B and lost 3-4% while every block tested each entry's mask
 # (261.6 -> 251.6, 426.1 -> 408.3, 496.6 -> 478.0); with the test only on the diagonal's blocks it
@@ -227,8 +227,8 @@ _BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT = ("alibi", "score_mod", "mask_mod")
 # Backward kernels of these head dims that run each step's dQ in one warpgroup at the step's end
 # give the producer warpgroup 24 registers and their consumers 240: the 64 fp32 of the dQ
 # accumulator beside dK's and dV's 128 then leave the step loop without spills (the causal kernel
-# spilled 80 B at 232, 56 B at 240, all per key block; the plain one 40 -> 16 B), for 24 spilled in
-# the producer's loops. Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s,
+# spilled 80 B at 232, 56 B at 240, none of it in the step loop; the plain one 40 -> 16 B), for
+# spills in the producer's loops at 24. Measured on the H200 (2026-12-01, bf16, 16k tokens, same process, TFLOP/s,
 # s512 / s1k / s4k / s16k, 40 -> 24): 300.2 -> 310.4, 390.0 -> 404.9, 503.9 -> 512.0,
 # 566.6 -> 564.7; causal 177.1 -> 188.2, 270.5 -> 284.6, 461.4 -> 477.7, 544.1 -> 558.1 (cuDNN
 # 505.8 there). The causal kernel with both halves of the dQ gained 1-3% from it.
@@ -391,7 +391,8 @@ class KernelSpec(BaseModel):
     dq_single_warpgroup: bool | None = None
     # Backward: registers per thread of the producer warpgroup (its load thread and dQ writer warp),
     # out of BWD_PRODUCER_REGISTERS; the consumer warpgroups get the rest (40 -> 232, 24 -> 240).
-    # None: BWD_PRODUCER_REGISTERS_DEFAULT. Forward specs leave it unset.
+    # None: 24 where each step's dQ runs in one warpgroup at the step's end at hdim 128
+    # (BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS), else 40. Forward specs leave it unset.
     producer_registers: int | None = None
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
