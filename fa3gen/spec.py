@@ -234,6 +234,16 @@ _BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT = ("alibi", "score_mod", "mask_mod")
 # 505.8 there). The causal kernel with both halves of the dQ gained 1-3% from it.
 BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS = (128,)
 BWD_KV_REGISTERS_STAGES = 3
+# Persistent backward kernels of these head dims (keys split) prefetch the key block their CTA
+# claims next into L2 (kv_prefetch). Measured on the H200 (2026-12-01, bf16, 16k tokens, same
+# process, TFLOP/s, s512 / s1k / s2k / s4k / s16k, off -> on): hdim 128 284.9 -> 291.6, 397.5 ->
+# 401.3, 455.1 -> 462.0, 487.0 -> 494.6, 551.9 -> 553.4; causal 184.4 -> 188.9, 281.8 -> 286.3,
+# 369.4 -> 385.8, 462.6 -> 464.5, 559.5 -> 561.6; hdim 64 269.9 -> 275.5, 344.6 -> 351.1, 400.8 ->
+# 403.9, 429.1 -> 438.7, 462.8 -> 463.7, but in another process 263.0 -> 260.0, 334.8 -> 333.0,
+# 400.1 -> 398.0, 416.3 -> 414.5, 463.1 -> 464.2, causal 160.1 -> 165.3, 247.5 -> 246.4, 314.7 ->
+# 310.7, 397.5 -> 395.6, 466.2 -> 459.2: within the noise, so hdim 64 keeps it off. (hdim 96 and
+# the head-dim split of 192 were not measured.)
+BWD_KV_PREFETCH_HEAD_DIMS = (128,)
 
 
 def _bwd_keys_split(fields: dict[str, Any]) -> bool:
@@ -269,6 +279,13 @@ def _bwd_dq_single_warpgroup_default(fields: dict[str, Any]) -> bool:
     return head_dim in BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS and measured and deferred is False and _bwd_keys_split(fields)
 
 
+def _bwd_kv_prefetch_default(fields: dict[str, Any]) -> bool:
+    """kv_prefetch when unset: on for the persistent kernels of BWD_KV_PREFETCH_HEAD_DIMS with the
+    keys split."""
+    lpt = fields.get("scheduler") in (None, "lpt")  # unset: the keys split makes it lpt
+    return fields.get("head_dim") in BWD_KV_PREFETCH_HEAD_DIMS and _bwd_keys_split(fields) and lpt
+
+
 def _bwd_producer_registers_default(fields: dict[str, Any]) -> int:
     """producer_registers when unset: 24 where a step's dQ runs in one warpgroup at the step's end
     (BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS), else BWD_PRODUCER_REGISTERS_DEFAULT."""
@@ -287,6 +304,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "dq_deferred": lambda f: _bwd_dq_deferred_default(f) if f["kind"] == "bwd" else None,
     "dq_single_warpgroup": lambda f: _bwd_dq_single_warpgroup_default(f) if f["kind"] == "bwd" else None,
     "producer_registers": lambda f: _bwd_producer_registers_default(f) if f["kind"] == "bwd" else None,
+    "kv_prefetch": lambda f: _bwd_kv_prefetch_default(f) if f["kind"] == "bwd" else None,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -394,6 +412,11 @@ class KernelSpec(BaseModel):
     # None: 24 where each step's dQ runs in one warpgroup at the step's end at hdim 128
     # (BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS), else 40. Forward specs leave it unset.
     producer_registers: int | None = None
+    # Backward with persistent CTAs (scheduler "lpt"): the producer prefetches the key block it
+    # claims next into L2 (K and V), while the consumers run the current one's last steps, so
+    # its loads after them hit L2 instead of HBM. None: on for the persistent hdim 128 kernels
+    # with the keys split (BWD_KV_PREFETCH_HEAD_DIMS). Forward specs leave it unset.
+    kv_prefetch: bool | None = None
     head_dim: Literal[64, 96, 128, 192, 256]
     head_dim_v: int | None = None
     # Inputs' element type. "e4m3": Q, K, V in float8_e4m3fn with descaling factors (fa3gen.fp8),
@@ -598,6 +621,8 @@ class KernelSpec(BaseModel):
             data["dq_single_warpgroup"] = _bwd_dq_single_warpgroup_default(data)
         if data.get("producer_registers") is None:
             data["producer_registers"] = _bwd_producer_registers_default(data)
+        if data.get("kv_prefetch") is None:  # after the scheduler
+            data["kv_prefetch"] = _bwd_kv_prefetch_default(data)
         if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile), three with kv_registers
             sizes = (data.get("block_m"), data.get("block_n"), d, data.get("head_dim_v"))
 
@@ -680,6 +705,9 @@ class KernelSpec(BaseModel):
             raise ValueError(f"producer_registers={self.producer_registers} must be one of {BWD_PRODUCER_REGISTERS}: "
                              f"the consumer warpgroups get the rest of the launch's {self.register_pool} registers "
                              "per CTA, in multiples of 8")
+        if self.kv_prefetch and self.scheduler != "lpt":
+            raise ValueError("kv_prefetch prefetches the key block a persistent CTA claims next: it needs "
+                             "scheduler='lpt' (with 'grid' each CTA runs one key block)")
         if self.scheduler == "static":
             raise ValueError("backward scheduler='static' is not available: use 'grid' (one CTA per key block) or "
                              "'lpt' (persistent CTAs claiming key blocks in order)")
@@ -718,7 +746,7 @@ class KernelSpec(BaseModel):
         if self.causal_group is not None:
             raise ValueError("causal_group applies to backward kernels (kind='bwd'); the forward's lpt scheduler "
                              "orders its tiles by itself")
-        for name in ("kv_registers", "dq_deferred", "dq_single_warpgroup", "producer_registers"):
+        for name in ("kv_registers", "dq_deferred", "dq_single_warpgroup", "producer_registers", "kv_prefetch"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to backward kernels (kind='bwd'); leave it unset for the forward")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
@@ -884,6 +912,7 @@ class KernelSpec(BaseModel):
             sched += "_dqd" if self.dq_deferred else ""
             sched += "_dq1" if self.dq_single_warpgroup else ""
             sched += f"_p{self.producer_registers}" if self.producer_registers != BWD_PRODUCER_REGISTERS_DEFAULT else ""
+            sched += "_kvp" if self.kv_prefetch else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)

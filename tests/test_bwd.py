@@ -63,15 +63,17 @@ def test_bwd_spec_defaults(d, block_n, stages):
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert spec.name.startswith(f"bwd_d{d}_bf16_")
     assert spec.scheduler == ("grid" if d == 256 else "lpt")
-    assert spec.name.removesuffix("_p24").removesuffix("_dq1").removesuffix("_dqd").removesuffix("_kvr").endswith("_lpt") == (spec.scheduler == "lpt")
+    tags = spec.name.split("_")  # the name's switch tags, e.g. lpt, kvr, dqd, dq1, p24, kvp
+    assert ("lpt" in tags) == (spec.scheduler == "lpt")
     assert "_det" in KernelSpec(kind="bwd", head_dim=d, deterministic=True).name
     # block_n 64 below hdim 128 splits the head dim too, so it keeps the grid.
     assert KernelSpec(kind="bwd", head_dim=64, block_n=64).scheduler == "grid"
     assert spec.causal_group == 4 and not spec.name.endswith("_g4")
-    assert spec.kv_registers == (d == 64) and spec.name.removesuffix("_dq1").removesuffix("_dqd").endswith("_kvr") == (d == 64)
-    assert spec.dq_deferred == (d in (64, 96)) and spec.name.removesuffix("_dq1").endswith("_dqd") == (d in (64, 96))
-    assert spec.dq_single_warpgroup == (d in (64, 96, 128)) and spec.name.removesuffix("_p24").endswith("_dq1") == (d in (64, 96, 128))
-    assert spec.producer_registers == (24 if d == 128 else 40) and spec.name.endswith("_p24") == (d == 128)
+    assert spec.kv_registers == (d == 64) == ("kvr" in tags)
+    assert spec.dq_deferred == (d in (64, 96)) == ("dqd" in tags)
+    assert spec.dq_single_warpgroup == (d in (64, 96, 128)) == ("dq1" in tags)
+    assert (spec.producer_registers == 24) == (d == 128) == ("p24" in tags)
+    assert spec.kv_prefetch == (d == 128) == ("kvp" in tags)
 
 
 def test_kv_registers_is_a_backward_field_left_out_of_json_at_its_default():
@@ -110,7 +112,7 @@ def test_dq_deferred_is_a_backward_field_left_out_of_json_at_its_default():
     assert f'"dq_deferred":{str(flipped.dq_deferred).lower()}' in flipped.canonical_json()
     for spec in (default, flipped):
         assert KernelSpec.from_json(spec.canonical_json()) == spec
-        assert spec.name.removesuffix("_dq1").endswith("_dqd") == spec.dq_deferred
+        assert ("dqd" in spec.name.split("_")) == spec.dq_deferred
     # (Both warpgroups' halves of the dQ: hdim 64 runs it in one warpgroup by default, dq_single_warpgroup.)
     on, off = (fa3gen.render(spec) for spec in (KernelSpec(kind="bwd", head_dim=64, dq_single_warpgroup=False),
                                                 KernelSpec(kind="bwd", head_dim=64, dq_deferred=False)))
@@ -143,7 +145,7 @@ def test_dq_single_warpgroup_renders_turns():
     assert f'"dq_single_warpgroup":{str(single.dq_single_warpgroup).lower()}' in single.canonical_json()
     for spec in (default, single):
         assert KernelSpec.from_json(spec.canonical_json()) == spec
-        assert spec.name.endswith("_dq1") == spec.dq_single_warpgroup
+        assert ("dq1" in spec.name.split("_")) == spec.dq_single_warpgroup
     src_on, src_off = fa3gen.render(on), fa3gen.render(off)
     whole = "Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>"
     assert whole in src_on and whole not in src_off
@@ -188,7 +190,7 @@ def test_producer_registers_sets_the_backward_register_split():
     assert '"producer_registers"' not in d128.canonical_json() and '"producer_registers":40' in flipped.canonical_json()
     for spec in (d128, flipped, KernelSpec(kind="bwd", head_dim=64, producer_registers=24)):
         assert KernelSpec.from_json(spec.canonical_json()) == spec
-    assert d128.name.endswith("_dq1_p24") and flipped.name.endswith("_dq1")
+    assert d128.name.endswith("_dq1_p24_kvp") and flipped.name.endswith("_dq1_kvp")
     src = fa3gen.render(d128)
     assert "constexpr int kProducerRegisters = 24;" in src and "constexpr int kConsumerRegisters = 240;" in src
     assert "constexpr int kConsumerRegisters = 232;" in fa3gen.render(flipped)
@@ -196,6 +198,33 @@ def test_producer_registers_sets_the_backward_register_split():
         KernelSpec(kind="bwd", head_dim=128, producer_registers=32)
     with pytest.raises(ValidationError, match=r"producer_registers applies to backward kernels"):
         KernelSpec(head_dim=128, producer_registers=24)
+
+
+def test_kv_prefetch_is_an_lpt_backward_field():
+    """kv_prefetch: a persistent backward CTA's producer prefetches the key block it claims next
+    into L2 before it waits for the consumers to finish the current one. On by default for the
+    persistent hdim 128 kernels with the keys split, off elsewhere (left out of the canonical JSON
+    at its default); needs the lpt scheduler; refused for the forward."""
+    on, off = KernelSpec(kind="bwd", head_dim=128), KernelSpec(kind="bwd", head_dim=128, kv_prefetch=False)
+    assert on.kv_prefetch and '"kv_prefetch"' not in on.canonical_json()
+    assert '"kv_prefetch":false' in off.canonical_json()
+    for spec in (on, off, KernelSpec(kind="bwd", head_dim=64, kv_prefetch=True)):
+        assert KernelSpec.from_json(spec.canonical_json()) == spec
+    assert on.name.endswith("_kvp") and not off.name.endswith("_kvp")
+    assert not any(KernelSpec(kind="bwd", head_dim=128, **kw).kv_prefetch
+                   for kw in (dict(scheduler="grid"), dict(block_n=64)))
+    assert not any(KernelSpec(kind="bwd", head_dim=d).kv_prefetch for d in (64, 96, 192, 256))
+    assert KernelSpec(kind="bwd", head_dim=128, causal=True, window=True).kv_prefetch
+    src_on, src_off = fa3gen.render(on), fa3gen.render(off)
+    assert "cute::prefetch(p.tma_k, tKgK);" in src_on and "prefetch_key_block(p, smem, t);" in src_on
+    assert "prefetch_key_block" not in src_off
+    # The load's boxes and the prefetch's are the same lines.
+    boxes = "auto [tKgK, tKsK] = tma_partition(p.tma_k"
+    assert src_on.count(boxes) == 2 and src_off.count(boxes) == 1
+    with pytest.raises(ValidationError, match=r"kv_prefetch .* needs scheduler='lpt'"):
+        KernelSpec(kind="bwd", head_dim=256, kv_prefetch=True)
+    with pytest.raises(ValidationError, match=r"kv_prefetch applies to backward kernels"):
+        KernelSpec(head_dim=128, kv_prefetch=True)
 
 
 def test_backward_tests_each_entry_only_on_masked_blocks():

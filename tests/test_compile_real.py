@@ -50,7 +50,8 @@ SPECS = {
     "bwd_d192_fp16": REGISTRY["bwd_d192_fp16"],
     "bwd_d64_fp16_causal_softcap": KernelSpec(kind="bwd", head_dim=64, dtype="fp16", causal=True, softcap=True),
     # hdim 128 causal: each step's dQ over the whole head dim in one warpgroup at the step's end,
-    # the consumers at 240 registers (producer_registers 24).
+    # the consumers at 240 registers (producer_registers 24), the next key block prefetched into
+    # L2 (kv_prefetch).
     "bwd_d128_bf16_causal": REGISTRY["bwd_d128_bf16_causal"],
     # FP8: e4m3 Q·Kᵀ and P·V (P handed over in registers), Vᵀ loaded by TMA, O in bf16, pingpong,
     # consumers at 240 registers. (The causal fp8 kernels' lpt producer spills at its 24 registers.)
@@ -65,9 +66,9 @@ NAMES = list(SPECS)
 # The causal hdim 128 backward, whose dQ accumulator (64 fp32) sits beside dK's and dV's (128),
 # keeps five values of its consumers' key-block loop in local memory (stored once per key block,
 # reloaded once per query head, none inside the step loop); its producer warpgroup, at 24
-# registers, keeps five of its loops' values there too. It measured faster than the kernel that
+# registers, keeps five of its loops' values there too (reloaded once more with kv_prefetch). It measured faster than the kernel that
 # splits the dQ over both warpgroups without spills: s16k 512.4 -> 558.1 TFLOP/s (H200, 2026-12-01).
-SPILL_BYTES_ALLOWED = {"fwd_d256_bf16_causal": 16, "bwd_d128_bf16_causal": 56}
+SPILL_BYTES_ALLOWED = {"fwd_d256_bf16_causal": 16, "bwd_d128_bf16_causal": 60}
 
 
 @pytest.fixture(scope="module")
