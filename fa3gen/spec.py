@@ -282,7 +282,7 @@ def _bwd_dq_single_warpgroup_default(fields: dict[str, Any]) -> bool:
 def _bwd_kv_prefetch_default(fields: dict[str, Any]) -> bool:
     """kv_prefetch when unset: on for the persistent kernels of BWD_KV_PREFETCH_HEAD_DIMS with the
     keys split."""
-    lpt = fields.get("scheduler") in (None, "lpt")  # unset: the keys split makes it lpt
+    lpt = fields.get("scheduler") == "lpt"
     return fields.get("head_dim") in BWD_KV_PREFETCH_HEAD_DIMS and _bwd_keys_split(fields) and lpt
 
 
@@ -617,12 +617,12 @@ class KernelSpec(BaseModel):
                                ("dq_deferred", _bwd_dq_deferred_default(data))):
             if data.get(field) is None:
                 data[field] = default
-        if data.get("dq_single_warpgroup") is None:  # after dq_deferred, which it needs
-            data["dq_single_warpgroup"] = _bwd_dq_single_warpgroup_default(data)
-        if data.get("producer_registers") is None:
-            data["producer_registers"] = _bwd_producer_registers_default(data)
-        if data.get("kv_prefetch") is None:  # after the scheduler
-            data["kv_prefetch"] = _bwd_kv_prefetch_default(data)
+        # In order, each default from the fields filled before it (dq_deferred and the scheduler above).
+        for field, default_of in (("dq_single_warpgroup", _bwd_dq_single_warpgroup_default),
+                                  ("producer_registers", _bwd_producer_registers_default),
+                                  ("kv_prefetch", _bwd_kv_prefetch_default)):
+            if data.get(field) is None:
+                data[field] = default_of(data)
         if data.get("stages") is None:  # two when they fit (d256 fits one beside its fp32 dQ tile), three with kv_registers
             sizes = (data.get("block_m"), data.get("block_n"), d, data.get("head_dim_v"))
 
