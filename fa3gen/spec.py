@@ -185,6 +185,31 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
             and isinstance(fields.get("block_n"), int) and fields["block_n"] <= max_block_n)
 
 
+
+# Where the wait for the previous key block's P·V goes (pin_pv_wait). Without a pin, ptxas hoists
+# that wait to the top of its basic block: in the e4m3 and hdim 64 kernels above every exp2 of the
+# block, in the lazy-rescale kernels above about half of them (the rescale's branch ends a block).
+# Pinned after both rows (2), measured on the H200 (2026-12-01, bf16, 16k tokens, two processes,
+# TFLOP/s without -> with, s512 / s2k / s16k): hdim 256 (128 x 80) 486.0 -> 505.4, 681.2 -> 695.6,
+# 770.0 -> 778.4 (the other process: +1.9%, +1.4%, +1.0%); causal +0.1% / +0.8% / +1.6% (+1.2%,
+# +1.5%, +0.3%). It lost elsewhere: e4m3 hdim 128 s16k 790.9 -> 737.6, hdim 256 1107.9 -> 998.2;
+# bf16 hdim 64 s512 388.1 -> 345.0, causal (128 x 128) 242.7 -> 224.0; hdim 128 -1 to -3% (chained
+# or one Q buffer, causal with Q in registers too). With the wait at the block's top, the O
+# rescale and P's conversion (both after the wait) interleave with the exp2 on the MUFU; pinned,
+# they follow the softmax. After one row (1), ptxas still moved the other row's exp2 above the
+# store in the e4m3 and hdim 64 kernels, and hdim 128 and 256 lost 1-3%.
+PIN_PV_WAIT_HEAD_DIMS = (256,)
+PIN_PV_WAIT_BLOCK_N = 80
+
+
+def _pin_pv_wait_default(fields: dict[str, Any]) -> int:
+    """pin_pv_wait when unset, from a forward spec's raw fields: 2 (after both rows) for the
+    16-bit hdim 256 kernels on 80-key blocks without a variant, where it was measured faster; else 0."""
+    plain = not any(fields.get(name) not in (None, False) for name in _VARIANT_FIELDS)
+    return 2 if (fields.get("intra_wg_overlap", True) is True and fields.get("dtype", "bf16") != "e4m3"
+                 and fields.get("head_dim") in PIN_PV_WAIT_HEAD_DIMS and fields.get("head_dim_v") in (None, fields.get("head_dim"))
+                 and fields.get("block_n") == PIN_PV_WAIT_BLOCK_N and plain) else 0
+
 # Backward kernels of head dims up to this one, with the keys split, keep K and V in registers
 # (kv_registers) and run BWD_KV_REGISTERS_STAGES stages of Q and dO. At hdim 64 a step is bound by
 # shared-memory bandwidth more than by the tensor cores: per step and CTA its SS GEMMs, dS, the dQ
@@ -300,6 +325,7 @@ def _bwd_producer_registers_default(fields: dict[str, Any]) -> int:
 _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "causal_group": lambda f: BWD_CAUSAL_GROUP_DEFAULT if f["kind"] == "bwd" else None,
     "q_registers": lambda f: _q_registers_default(f) if f["kind"] == "fwd" else None,
+    "pin_pv_wait": lambda f: _pin_pv_wait_default(f) if f["kind"] == "fwd" else None,
     "kv_registers": lambda f: _bwd_kv_registers_default(f) if f["kind"] == "bwd" else None,
     "dq_deferred": lambda f: _bwd_dq_deferred_default(f) if f["kind"] == "bwd" else None,
     "dq_single_warpgroup": lambda f: _bwd_dq_single_warpgroup_default(f) if f["kind"] == "bwd" else None,
@@ -444,6 +470,12 @@ class KernelSpec(BaseModel):
     # tile (ldmatrix), so each key block's Q·Kᵀ reads only K from shared memory. 16-bit forward
     # kernels only. None: on for causal kernels of Q_REGISTERS_CAUSAL_HEAD_DIMS.
     q_registers: bool | None = None
+    # How many of a thread's two softmax rows finish (their exp2 and sum) before each key block's
+    # wait for the previous block's P·V: the kernel stores their row sums to shared memory before
+    # the wait (pin_before_wait), and ptxas keeps the wait after that store. 0: no pin, ptxas
+    # places the wait (often above the whole softmax, which then runs after that GEMM rather than
+    # under it). Needs intra_wg_overlap. None: _pin_pv_wait_default.
+    pin_pv_wait: int | None = Field(default=None, ge=0, le=2)
     # Inter-tile overlap: a tile's last P·V runs beside the next tile's first Q·Kᵀ, whose softmax
     # runs before this tile's epilogue, so short tiles do not leave the tensor cores idle at their
     # ends. Needs intra_wg_overlap, a persistent scheduler and two Q buffers.
@@ -584,6 +616,8 @@ class KernelSpec(BaseModel):
             data["programmatic_launch"] = PROGRAMMATIC_LAUNCH_DEFAULT
         if data.get("q_registers") is None:
             data["q_registers"] = _q_registers_default(data)
+        if data.get("pin_pv_wait") is None:
+            data["pin_pv_wait"] = _pin_pv_wait_default(data)
         if data.get("row_reduce_chains") is None:
             wide = _sixteen_bit_with_head_dim_v(data, ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V)
             data["row_reduce_chains"] = ROW_REDUCE_CHAINS_DEFAULT if wide else 1
@@ -691,8 +725,9 @@ class KernelSpec(BaseModel):
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
             raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
                              "not causal (its key blocks run in order): leave it unset")
-        if self.q_registers is not None:
-            raise ValueError("q_registers applies to forward kernels; leave it unset for kind='bwd'")
+        for name in ("q_registers", "pin_pv_wait"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} applies to forward kernels; leave it unset for kind='bwd'")
         # The step layouts these fields change exist only with the keys split: why not otherwise.
         keys_split_only = {"kv_registers": "both read the same keys",
                            "dq_deferred": "dK's GEMM already waits for both warpgroups' dS",
@@ -767,6 +802,9 @@ class KernelSpec(BaseModel):
             raise ValueError(f"pingpong needs num_consumer_warpgroups=2, got {nwg}")
         if self.inter_tile_overlap:
             self._check_inter_tile_overlap()
+        if self.pin_pv_wait and not self.intra_wg_overlap:
+            raise ValueError("pin_pv_wait keeps the wait for the previous key block's P·V after softmax rows: it needs "
+                             "intra_wg_overlap=True (without it each P·V is waited for as soon as it is issued)")
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -905,6 +943,7 @@ class KernelSpec(BaseModel):
         sched += {"tma": "_otma", "tma_v": "_otmav", "direct": ""}[str(self.epilogue)]
         sched += "_q2" if self.q_buffers == 2 else ""
         sched += "_qr" if self.q_registers else ""
+        sched += f"_pin{self.pin_pv_wait}" if self.pin_pv_wait else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

@@ -116,15 +116,46 @@ def _cuobjdump() -> str | None:
     return next((str(c) for c in candidates if c.is_file()), None)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildResult], name: str) -> None:
+def _sass(build: BuildResult) -> str:
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (CUDA toolkit or the nvidia-cuda-cuobjdump wheel): SASS not checked")
     # cuobjdump runs nvdisasm for --dump-sass: let it find the one beside it.
     env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    sass = subprocess.run([tool, "--dump-sass", str(builds[name].entry.library)], capture_output=True,
+    return subprocess.run([tool, "--dump-sass", str(build.entry.library)], capture_output=True,
                           text=True, check=True, env=env).stdout
+
+
+def _key_block_loop(sass: str) -> list[str]:
+    """The instructions of the smallest loop (a backward branch's body) with the softmax's exp2
+    (at least 16 MUFU.EX2): the forward consumer's key-block loop."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for address, text in code:
+        branch = re.search(r"\bBRA\s+(0x[0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            body = [t for a, t in code if int(branch.group(1), 16) <= a <= address]
+            if sum("MUFU.EX2" in t for t in body) >= 16:
+                loops.append(body)
+    assert loops, "no key-block loop with exp2 found"
+    return min(loops, key=len)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].pin_pv_wait == 2])
+def test_sass_pv_wait_after_the_softmax(builds: dict[str, BuildResult], name: str) -> None:
+    """pin_pv_wait=2: in the key-block loop, the wait for all WGMMAs (the previous P·V) comes after
+    every exp2 of the block, right behind the pin's shared-memory store. (Unpinned, ptxas put it
+    above half of this kernel's exp2.)"""
+    loop = _key_block_loop(_sass(builds[name]))
+    waits = [i for i, t in enumerate(loop) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t]
+    last_exp2 = max(i for i, t in enumerate(loop) if "MUFU.EX2" in t)
+    assert waits and all(i > last_exp2 for i in waits), (waits, last_exp2)
+    assert any(re.match(r"(@!?U?P\w+\s+)?STS\b", t.strip()) for t in loop[:waits[0]]), "no pin store before the wait"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildResult], name: str) -> None:
+    sass = _sass(builds[name])
     # Warpgroup MMAs: HGMMA for 16-bit operands, QGMMA for fp8 (K = 32 per instruction), never both.
     mma = "QGMMA" if SPECS[name].is_fp8 else "HGMMA"
     assert mma in sass, f"no warpgroup MMA ({mma}) in the kernel"

@@ -72,7 +72,7 @@ def test_epilogue_in_v_buffer_renders_a_producer_store(head_dim, block_n, schedu
     """epilogue="tma_v": the consumers stage O in the V stages' buffer and hand it over; the
     producer stores it before the next V load lands there, and for the last tile at the end."""
     spec = KernelSpec(head_dim=head_dim, block_n=block_n, causal=True, scheduler=scheduler, epilogue="tma_v")
-    assert spec.name.removesuffix("_qr").endswith("_otmav")
+    assert spec.name.removesuffix("_qr").removesuffix("_pin2").endswith("_otmav")
     assert not spec.inter_tile_overlap  # the next tile's P·V would wait for the store
     # O needs no shared memory of its own.
     assert spec.smem_bytes == KernelSpec(head_dim=head_dim, block_n=block_n, epilogue="direct").smem_bytes
@@ -256,3 +256,37 @@ def test_q_registers_defaults_and_render(head_dim):
         assert "GMMA::rs_op_selector<Element, Element, float, TileQK>" in render(fp8)
     with pytest.raises(ValidationError, match="q_registers applies to forward kernels"):
         KernelSpec(head_dim=head_dim, kind="bwd", q_registers=True)
+
+
+def test_pin_pv_wait_defaults_and_render():
+    """pin_pv_wait: 2 (the previous P·V's wait after both softmax rows) by default for the 16-bit
+    hdim 256 kernels on 80-key blocks without a variant, where it measured faster; 0 elsewhere.
+    Left out of the canonical JSON at its default; rendered as a store of the row sums into the
+    warp's shared-memory word before each key block's wait for the P·V; refused for the backward,
+    without intra-warpgroup overlap, and past the thread's two rows."""
+    for causal in (False, True):
+        for dtype in ("bf16", "fp16"):
+            spec = KernelSpec(head_dim=256, dtype=dtype, causal=causal)
+            assert spec.block_n == 80 and spec.pin_pv_wait == 2 and spec.name.endswith("_pin2")
+            assert "pin_pv_wait" not in spec.canonical_json() and KernelSpec.from_json(spec.canonical_json()) == spec
+    assert all(KernelSpec(head_dim=d, causal=c).pin_pv_wait == 0 for d in (64, 96, 128, 192) for c in (False, True))
+    assert KernelSpec(head_dim=256, block_n=64).pin_pv_wait == 0
+    assert KernelSpec(head_dim=256, dtype="e4m3").pin_pv_wait == 0
+    assert KernelSpec(head_dim=256, softcap=True).pin_pv_wait == 0
+    assert KernelSpec(head_dim=256, intra_wg_overlap=False).pin_pv_wait == 0
+    off = KernelSpec(head_dim=256, pin_pv_wait=0)
+    assert '"pin_pv_wait":0' in off.canonical_json() and "_pin" not in off.name
+    one = KernelSpec(head_dim=128, pin_pv_wait=1)
+    assert '"pin_pv_wait":1' in one.canonical_json() and one.name.endswith("_pin1")
+    code = render(KernelSpec(head_dim=256))
+    assert code.count("pin_before_wait<2>(smem, softmax.row_sum);") == 1  # the key-block loop
+    assert "float pin_slots[kThreads / 32];" in code and "st.shared.f32" in code
+    chained = render(KernelSpec(head_dim=128, pin_pv_wait=1))  # the chained tiles' first block waits too
+    assert chained.count("pin_before_wait<1>(smem, softmax") == 2
+    assert "pin_before_wait" not in render(off) and "pin_slots" not in render(off)
+    with pytest.raises(ValidationError, match="pin_pv_wait applies to forward kernels"):
+        KernelSpec(kind="bwd", head_dim=128, pin_pv_wait=2)
+    with pytest.raises(ValidationError, match="needs intra_wg_overlap=True"):
+        KernelSpec(head_dim=256, intra_wg_overlap=False, pin_pv_wait=2)
+    with pytest.raises(ValidationError, match="pin_pv_wait"):
+        KernelSpec(head_dim=256, pin_pv_wait=3)
