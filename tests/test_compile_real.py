@@ -7,18 +7,14 @@ the CPU suite's proof that the templates produce Hopper kernels that fit.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from fa3gen import REGISTRY, ptxas_report
 from fa3gen.build import BuildResult, build_many
 from fa3gen.registry import REPRESENTATIVE
+from fa3gen.sass import WAIT_ALL_WGMMA, dump_sass, find_cuobjdump, key_block_loop, wait_placement
 from fa3gen.spec import SMEM_BUDGET_BYTES, KernelSpec
 
 # The representative spec (TMA-store epilogue per warpgroup), the one with the most register
@@ -102,43 +98,11 @@ def test_ptxas_report(builds: dict[str, BuildResult], name: str) -> None:
         assert info.smem_bytes <= min(spec.smem_bytes, SMEM_BUDGET_BYTES), info.summary()
 
 
-def _cuobjdump() -> str | None:
-    from fa3gen.toolchain import find_nvcc
-
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    nvcc = find_nvcc().resolve()
-    # /usr/local/bin/nvcc may be a wrapper script: look in the toolkits next to it, and in the
-    # nvidia-cuda-cuobjdump wheel (the [test] extra) that brings it to machines without a toolkit.
-    wheel_bins = [Path(p) / "nvidia" / "cu13" / "bin" / "cuobjdump" for p in sys.path if p]
-    candidates = [nvcc.parent / "cuobjdump", *Path("/usr/local").glob("cuda*/bin/cuobjdump"), *wheel_bins]
-    return next((str(c) for c in candidates if c.is_file()), None)
-
-
 def _sass(build: BuildResult) -> str:
-    tool = _cuobjdump()
+    tool = find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (CUDA toolkit or the nvidia-cuda-cuobjdump wheel): SASS not checked")
-    # cuobjdump runs nvdisasm for --dump-sass: let it find the one beside it.
-    env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run([tool, "--dump-sass", str(build.entry.library)], capture_output=True,
-                          text=True, check=True, env=env).stdout
-
-
-def _key_block_loop(sass: str) -> list[str]:
-    """The instructions of the smallest loop (a backward branch's body) with the softmax's exp2
-    (at least 16 MUFU.EX2): the forward consumer's key-block loop."""
-    code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = []
-    for address, text in code:
-        branch = re.search(r"\bBRA\s+(0x[0-9a-f]+)", text)
-        if branch and int(branch.group(1), 16) < address:
-            body = [t for a, t in code if int(branch.group(1), 16) <= a <= address]
-            if sum("MUFU.EX2" in t for t in body) >= 16:
-                loops.append(body)
-    assert loops, "no key-block loop with exp2 found"
-    return min(loops, key=len)
+    return dump_sass(build.entry.library, tool)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].pin_pv_wait == 2])
@@ -146,11 +110,12 @@ def test_sass_pv_wait_after_the_softmax(builds: dict[str, BuildResult], name: st
     """pin_pv_wait=2: in the key-block loop, the wait for all WGMMAs (the previous P·V) comes after
     every exp2 of the block, right behind the pin's shared-memory store. (Unpinned, ptxas put it
     above half of this kernel's exp2.)"""
-    loop = _key_block_loop(_sass(builds[name]))
-    waits = [i for i, t in enumerate(loop) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t]
-    last_exp2 = max(i for i, t in enumerate(loop) if "MUFU.EX2" in t)
-    assert waits and all(i > last_exp2 for i in waits), (waits, last_exp2)
-    assert any(re.match(r"(@!?U?P\w+\s+)?STS\b", t.strip()) for t in loop[:waits[0]]), "no pin store before the wait"
+    loop = key_block_loop(_sass(builds[name]))
+    placement = wait_placement(loop)
+    assert placement.exp2 and placement.exp2_before_waits, placement
+    assert all(n == placement.exp2 for n in placement.exp2_before_waits), placement.summary()
+    first_wait = next(i for i, t in enumerate(loop) if WAIT_ALL_WGMMA in t)
+    assert any(re.match(r"(@!?U?P\w+\s+)?STS\b", t) for t in loop[:first_wait]), "no pin store before the wait"
 
 
 @pytest.mark.parametrize("name", NAMES)
