@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,12 +54,12 @@ def key_block_loop(sass: str, min_exp2: int = 16) -> list[str]:
     """The instructions of the smallest loop (a backward branch's body) that holds at least
     min_exp2 exp2: the forward consumer's key-block loop, the backward's step loop. Empty if none."""
     code = instructions(sass)
+    addresses = [address for address, _ in code]
     loops = []
-    for address, text in code:
+    for end, (address, text) in enumerate(code):
         branch = _BACKWARD_BRANCH.search(text)
         if branch and int(branch.group(1), 16) < address:
-            start = int(branch.group(1), 16)
-            body = [t for a, t in code if start <= a <= address]
+            body = [t for _, t in code[bisect_left(addresses, int(branch.group(1), 16)):end + 1]]
             if sum(EXP2 in t for t in body) >= min_exp2:
                 loops.append(body)
     return min(loops, key=len, default=[])

@@ -185,7 +185,6 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
             and isinstance(fields.get("block_n"), int) and fields["block_n"] <= max_block_n)
 
 
-
 # Where the wait for the previous key block's P·V goes (pin_pv_wait). Without a pin, ptxas hoists
 # that wait to the top of its basic block: in the e4m3 and hdim 64 kernels above every exp2 of the
 # block, in the lazy-rescale kernels above about half of them (the rescale's branch ends a block).
@@ -205,10 +204,11 @@ PIN_PV_WAIT_BLOCK_N = 80
 def _pin_pv_wait_default(fields: dict[str, Any]) -> int:
     """pin_pv_wait when unset, from a forward spec's raw fields: 2 (after both rows) for the
     16-bit hdim 256 kernels on 80-key blocks without a variant, where it was measured faster; else 0."""
-    plain = not any(fields.get(name) not in (None, False) for name in _VARIANT_FIELDS)
-    return 2 if (fields.get("intra_wg_overlap", True) is True and fields.get("dtype", "bf16") != "e4m3"
-                 and fields.get("head_dim") in PIN_PV_WAIT_HEAD_DIMS and fields.get("head_dim_v") in (None, fields.get("head_dim"))
-                 and fields.get("block_n") == PIN_PV_WAIT_BLOCK_N and plain) else 0
+    d = fields.get("head_dim")
+    measured = (d in PIN_PV_WAIT_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
+                and fields.get("block_n") == PIN_PV_WAIT_BLOCK_N and fields.get("dtype", "bf16") != "e4m3")
+    return 2 if measured and fields.get("intra_wg_overlap", True) is True and not _has_variant(fields) else 0
+
 
 # Backward kernels of head dims up to this one, with the keys split, keep K and V in registers
 # (kv_registers) and run BWD_KV_REGISTERS_STAGES stages of Q and dO. At hdim 64 a step is bound by
@@ -337,6 +337,11 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
 # The attention variants a spec can compile in.
 _VARIANT_FIELDS = ("window", "softcap", "alibi", "score_mod", "mask_mod")
 _PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", *_VARIANT_FIELDS, "params")
+
+
+def _has_variant(fields: dict[str, Any]) -> bool:
+    """A spec's raw fields compile in a built-in variant or a custom mod."""
+    return any(fields.get(name) for name in _VARIANT_FIELDS)
 
 
 def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers: Any, epilogue: Any) -> list[str]:
@@ -598,7 +603,7 @@ class KernelSpec(BaseModel):
             elif _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma") <= SMEM_BUDGET_BYTES:
                 data["epilogue"] = "tma"
             elif O_IN_V_DEFAULT and _o_fits_in_v(dtype, sizes[0], sizes[1], sizes[2], sizes[3]) \
-                    and not any(data.get(f) for f in _VARIANT_FIELDS):
+                    and not _has_variant(data):
                 data["epilogue"] = "tma_v"
             else:
                 data["epilogue"] = "direct"
