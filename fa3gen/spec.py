@@ -210,6 +210,11 @@ def _pin_pv_wait_default(fields: dict[str, Any]) -> int:
     return 2 if measured and fields.get("intra_wg_overlap", True) is True and not _has_variant(fields) else 0
 
 
+def _warpgroup_key_trim_default(fields: dict[str, Any]) -> bool:
+    """warpgroup_key_trim when unset, from a forward spec's raw fields: off (not yet measured)."""
+    return False
+
+
 # Backward kernels of head dims up to this one, with the keys split, keep K and V in registers
 # (kv_registers) and run BWD_KV_REGISTERS_STAGES stages of Q and dO. At hdim 64 a step is bound by
 # shared-memory bandwidth more than by the tensor cores: per step and CTA its SS GEMMs, dS, the dQ
@@ -326,6 +331,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "causal_group": lambda f: BWD_CAUSAL_GROUP_DEFAULT if f["kind"] == "bwd" else None,
     "q_registers": lambda f: _q_registers_default(f) if f["kind"] == "fwd" else None,
     "pin_pv_wait": lambda f: _pin_pv_wait_default(f) if f["kind"] == "fwd" else None,
+    "warpgroup_key_trim": lambda f: _warpgroup_key_trim_default(f) if f["kind"] == "fwd" else None,
     "kv_registers": lambda f: _bwd_kv_registers_default(f) if f["kind"] == "bwd" else None,
     "dq_deferred": lambda f: _bwd_dq_deferred_default(f) if f["kind"] == "bwd" else None,
     "dq_single_warpgroup": lambda f: _bwd_dq_single_warpgroup_default(f) if f["kind"] == "bwd" else None,
@@ -481,6 +487,12 @@ class KernelSpec(BaseModel):
     # places the wait (often above the whole softmax, which then runs after that GEMM rather than
     # under it). Needs intra_wg_overlap. None: _pin_pv_wait_default.
     pin_pv_wait: int | None = Field(default=None, ge=0, le=2)
+    # Each consumer warpgroup visits only the key blocks its own 64 rows can see: the tile's last
+    # blocks past its rows' right edge (causal, or a window's right side) are waited for and
+    # released without their GEMMs, and a block is masked only where it crosses the warpgroup's
+    # own edges. The producer still loads the tile's blocks for the warpgroups that see them.
+    # Needs a right key bound (causal or window). None: _warpgroup_key_trim_default.
+    warpgroup_key_trim: bool | None = None
     # Inter-tile overlap: a tile's last P·V runs beside the next tile's first Q·Kᵀ, whose softmax
     # runs before this tile's epilogue, so short tiles do not leave the tensor cores idle at their
     # ends. Needs intra_wg_overlap, a persistent scheduler and two Q buffers.
@@ -623,6 +635,8 @@ class KernelSpec(BaseModel):
             data["q_registers"] = _q_registers_default(data)
         if data.get("pin_pv_wait") is None:
             data["pin_pv_wait"] = _pin_pv_wait_default(data)
+        if data.get("warpgroup_key_trim") is None:
+            data["warpgroup_key_trim"] = _warpgroup_key_trim_default(data)
         if data.get("row_reduce_chains") is None:
             wide = _sixteen_bit_with_head_dim_v(data, ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V)
             data["row_reduce_chains"] = ROW_REDUCE_CHAINS_DEFAULT if wide else 1
@@ -730,7 +744,7 @@ class KernelSpec(BaseModel):
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
             raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
                              "not causal (its key blocks run in order): leave it unset")
-        for name in ("q_registers", "pin_pv_wait"):
+        for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to forward kernels; leave it unset for kind='bwd'")
         # The step layouts these fields change exist only with the keys split: why not otherwise.
@@ -810,6 +824,9 @@ class KernelSpec(BaseModel):
         if self.pin_pv_wait and not self.intra_wg_overlap:
             raise ValueError("pin_pv_wait keeps the wait for the previous key block's P·V after softmax rows: it needs "
                              "intra_wg_overlap=True (without it each P·V is waited for as soon as it is issued)")
+        if self.warpgroup_key_trim and not self.keys_bounded_right:
+            raise ValueError("warpgroup_key_trim skips, per consumer warpgroup, the key blocks right of its own rows' "
+                             "edge: it needs causal=True or window=True (without either every row sees every key)")
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -949,6 +966,7 @@ class KernelSpec(BaseModel):
         sched += "_q2" if self.q_buffers == 2 else ""
         sched += "_qr" if self.q_registers else ""
         sched += f"_pin{self.pin_pv_wait}" if self.pin_pv_wait else ""
+        sched += "_wgt" if self.warpgroup_key_trim else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

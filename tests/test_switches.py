@@ -290,3 +290,35 @@ def test_pin_pv_wait_defaults_and_render():
         KernelSpec(head_dim=256, intra_wg_overlap=False, pin_pv_wait=2)
     with pytest.raises(ValidationError, match="pin_pv_wait"):
         KernelSpec(head_dim=256, pin_pv_wait=3)
+
+
+def test_warpgroup_key_trim_render_and_refusals():
+    """warpgroup_key_trim: each consumer warpgroup trims the tile's key blocks to its own rows'
+    right edge (trim_to_warpgroup), passes the cut ones without GEMMs (pass_hidden_key_blocks,
+    taking its pingpong turn), and masks by its own rows. Rendered only into trimmed kernels;
+    left out of the canonical JSON at its default; refused without a right key bound and for the
+    backward."""
+    for d, causal in ((64, True), (128, False), (128, True), (256, True)):
+        spec = KernelSpec(head_dim=d, causal=causal)
+        assert "warpgroup_key_trim" not in spec.canonical_json() and "_wgt" not in spec.name
+        assert "trim_to_warpgroup" not in render(spec) and "pass_hidden_key_blocks" not in render(spec)
+    three = KernelSpec(head_dim=64, causal=True, block_m=192, block_n=128, num_consumer_warpgroups=3,
+                       warpgroup_key_trim=True)
+    assert three.name.endswith("_wgt") and KernelSpec.from_json(three.canonical_json()) == three
+    code = render(three)
+    assert "int trim_to_warpgroup(" in code and "int const hidden_next = trim_to_warpgroup(" in code
+    assert code.count("pass_hidden_key_blocks(pipeline_k, pipeline_v, read, hidden") == 3  # first tile, two chained
+    assert "last_visible_key(p, m_block * kBlockM + warpgroup * 64)" in code  # the warpgroup's own mask test
+    assert code.count("key_block_needs_mask(p, t") == code.count("n_block, warpgroup))")
+    assert "NamedBarrier" not in code.split("void pass_hidden_key_blocks")[1].split("\n}\n")[0]
+    turns = render(KernelSpec(head_dim=128, causal=True, block_n=64, pingpong=True, warpgroup_key_trim=True))
+    hidden_turn = turns.split("void pass_hidden_key_blocks")[1].split("\n}\n")[0]
+    assert "sync(kMmaThreads, kTurnBarrier + warpgroup)" in hidden_turn and "1 - warpgroup" in hidden_turn
+    serial = render(KernelSpec(head_dim=128, causal=True, block_n=64, intra_wg_overlap=False, warpgroup_key_trim=True))
+    assert "int const hidden = trim_to_warpgroup(p, t.m_block, warpgroup, blocks);" in serial
+    window = KernelSpec(head_dim=128, window=True, block_n=64, warpgroup_key_trim=True)  # the window's right side
+    assert "first_visible_key(p, m_block * kBlockM + warpgroup * 64 + 63)" in render(window)
+    with pytest.raises(ValidationError, match="needs causal=True or window=True"):
+        KernelSpec(head_dim=128, warpgroup_key_trim=True)
+    with pytest.raises(ValidationError, match="warpgroup_key_trim applies to forward kernels"):
+        KernelSpec(kind="bwd", head_dim=128, causal=True, warpgroup_key_trim=True)

@@ -44,6 +44,9 @@ SPECS = [fa3gen.registry.default_fp8_spec(128, 128, "fp16", False),
 # Chained tiles (inter-tile overlap, with the default pingpong): per-tile descales carried over.
 INTER_TILE_SPECS = [fa3gen.KernelSpec(head_dim=128, dtype="e4m3", causal=c, inter_tile_overlap=True)
                     for c in (False, True)]
+# ... and with per-warpgroup key trimming (192-key blocks: warpgroup 0 skips a tile's last block
+# in two of three tiles).
+INTER_TILE_SPECS.append(fa3gen.KernelSpec(head_dim=128, dtype="e4m3", causal=True, warpgroup_key_trim=True))
 SPECS += INTER_TILE_SPECS
 
 

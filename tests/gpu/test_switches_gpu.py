@@ -52,6 +52,13 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, causal=True, programmatic_launch=False),
     # Lazy rescale in the serial mainloop (the registry's kernels run it in the overlapped one).
     fa3gen.KernelSpec(head_dim=128, causal=True, intra_wg_overlap=False),
+    # Per-warpgroup key trimming: three warpgroups on chained tiles, O in the V buffer (not
+    # chained), pingpong on chained tiles (the trimmed blocks' turns), the serial mainloop.
+    fa3gen.KernelSpec(head_dim=64, causal=True, block_m=192, block_n=128, num_consumer_warpgroups=3,
+                      warpgroup_key_trim=True),
+    fa3gen.KernelSpec(head_dim=256, causal=True, block_n=64, warpgroup_key_trim=True),
+    fa3gen.KernelSpec(head_dim=128, causal=True, block_n=64, pingpong=True, warpgroup_key_trim=True),
+    fa3gen.KernelSpec(head_dim=128, causal=True, block_n=64, intra_wg_overlap=False, warpgroup_key_trim=True),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 # The last shape has ~8 tiles per CTA: Q buffers wrap around, and tiles chain into each other.
