@@ -23,6 +23,21 @@ REGISTRY: dict[str, KernelSpec] = {
     for causal in (False, True)
 }
 
+# Registry forward tiles that differ from the spec defaults at every query length, per (head_dim,
+# causal). hdim 128 causal: one Q buffer (so no chained tiles and no pingpong), Q in registers.
+# Measured on the H200 (2026-12-01, 16k tokens, interleaved, two processes) against the chained
+# pingpong default it replaced up to 2k queries: bf16 s512 311 -> 334 and 316 -> 338, s1k 415 ->
+# 428 and 423 -> 434, s2k 500 -> 513 and 516 -> 525; fp16 s512 307 -> 328, s1k 422 -> 434, s2k
+# 484 -> 495. Past 2k it was already the registry's kernel (SEQLEN_TILES, below, before).
+REGISTRY_TILES: dict[tuple[int, bool], dict[str, Any]] = {
+    (128, True): {"q_buffers": 1},
+}
+REGISTRY.update({
+    _registry_name(d, dtype, causal): KernelSpec(head_dim=d, dtype=dtype, causal=causal, **fields)
+    for (d, causal), fields in REGISTRY_TILES.items()
+    for dtype in ("bf16", "fp16")
+})
+
 # Forward tiles by query length, per (head_dim, causal): (limit, the spec fields that differ from
 # the default for seqlen_q <= limit, those for seqlen_q > limit); empty fields: the default spec.
 # Measured on the H200 (2026-11-30, bf16, 16k tokens, interleaved timing, same process):
@@ -38,7 +53,7 @@ REGISTRY: dict[str, KernelSpec] = {
 # - hdim 128, causal: past 4k, 176-key blocks with O staged in the V buffer: s8k 555 -> 566,
 #   s16k 555 -> 601 (s4k 533 -> 508, s512 295 -> 239). With lazy rescale, past 2k the 128-key
 #   tiles with one Q buffer win: s2k 503 (two Q buffers 496), s4k 563 (555), s8k 604 (176 keys 573),
-#   s16k 604 (593).
+#   s16k 604 (593). (2026-12-01: they win at every length; REGISTRY_TILES.)
 # - hdim 256, up to 512 queries: 64-key blocks (O staged in the V buffer) instead of the default
 #   80, whose last block of a 512-key row is 60% padding. s512, as CUDA-graph replays: 490 -> 495,
 #   causal 314 -> 321; eager: 456 -> 476, causal 293 -> 302. From 1k on 80 keys win (graphs: s1k
@@ -47,7 +62,6 @@ REGISTRY: dict[str, KernelSpec] = {
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
     (64, True): (1024, {"block_m": 128, "block_n": 128}, {}),
     (128, False): (2048, {}, {"q_buffers": 1}),
-    (128, True): (2048, {}, {"q_buffers": 1}),
     (256, False): (512, {"block_n": 64}, {}),
     (256, True): (1024, {"block_n": 64}, {}),
 }

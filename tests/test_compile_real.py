@@ -27,7 +27,7 @@ SPECS = {
     "d128_fp16_pingpong_overlap": KernelSpec(head_dim=128, dtype="fp16", pingpong=True),
     "d96_causal_serial_grid": KernelSpec(head_dim=96, causal=True, intra_wg_overlap=False, scheduler="grid"),
     # Q in registers (ldmatrix once per tile) for Q·Kᵀ: the causal hdim 128 kernels' default.
-    "fwd_d128_bf16_causal_long": REGISTRY["fwd_d128_bf16_causal_long"],
+    "fwd_d128_bf16_causal": REGISTRY["fwd_d128_bf16_causal"],
     # Variants: built-in window + softcap on the causal lpt kernel, and a custom score_mod over tensors.
     "d128_causal_window_softcap": KernelSpec(head_dim=128, causal=True, window=True, softcap=True),
     "d128_custom_relative_bias": KernelSpec(
