@@ -210,9 +210,23 @@ def _pin_pv_wait_default(fields: dict[str, Any]) -> int:
     return 2 if measured and fields.get("intra_wg_overlap", True) is True and not _has_variant(fields) else 0
 
 
+# Per-warpgroup key trimming (warpgroup_key_trim) is on by default where it measured faster: the
+# 16-bit causal kernels of these head dims without pingpong or a variant. On the H200 (2026-12-01,
+# bf16, 16k tokens, interleaved, TFLOP/s without -> with): hdim 64 causal (192 x 128, three
+# warpgroups) s512 217.4 -> 236.6, s2k 370.6 -> 383.0, s4k 412.4 -> 420.4, s16k 486.7 -> 484.2;
+# hdim 256 causal (128 x 80) s512 315.2 -> 329.3, s2k 523.3 -> 532.2, s16k 660.6 -> 661.2, (128 x
+# 64) s512 328.1 -> 335.0, s1k 441.6 -> 451.7. e4m3 hdim 128 causal (pingpong, where the cut
+# blocks still take their turns) lost at 16k: 743.4 -> 712.8 (s2k 551.5 -> 567.6).
+WARPGROUP_KEY_TRIM_HEAD_DIMS = (64, 256)
+
+
 def _warpgroup_key_trim_default(fields: dict[str, Any]) -> bool:
-    """warpgroup_key_trim when unset, from a forward spec's raw fields: off (not yet measured)."""
-    return False
+    """warpgroup_key_trim when unset, from a forward spec's raw fields (pingpong already filled):
+    on for the 16-bit causal kernels of WARPGROUP_KEY_TRIM_HEAD_DIMS without pingpong or a variant."""
+    d = fields.get("head_dim")
+    return (d in WARPGROUP_KEY_TRIM_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
+            and fields.get("causal") is True and fields.get("dtype", "bf16") != "e4m3"
+            and fields.get("pingpong") is False and not _has_variant(fields))
 
 
 # Backward kernels of head dims up to this one, with the keys split, keep K and V in registers
@@ -491,7 +505,8 @@ class KernelSpec(BaseModel):
     # blocks past its rows' right edge (causal, or a window's right side) are waited for and
     # released without their GEMMs, and a block is masked only where it crosses the warpgroup's
     # own edges. The producer still loads the tile's blocks for the warpgroups that see them.
-    # Needs a right key bound (causal or window). None: _warpgroup_key_trim_default.
+    # Needs a right key bound (causal or window). None: _warpgroup_key_trim_default
+    # (WARPGROUP_KEY_TRIM_HEAD_DIMS).
     warpgroup_key_trim: bool | None = None
     # Inter-tile overlap: a tile's last P·V runs beside the next tile's first Q·Kᵀ, whose softmax
     # runs before this tile's epilogue, so short tiles do not leave the tensor cores idle at their
@@ -635,8 +650,6 @@ class KernelSpec(BaseModel):
             data["q_registers"] = _q_registers_default(data)
         if data.get("pin_pv_wait") is None:
             data["pin_pv_wait"] = _pin_pv_wait_default(data)
-        if data.get("warpgroup_key_trim") is None:
-            data["warpgroup_key_trim"] = _warpgroup_key_trim_default(data)
         if data.get("row_reduce_chains") is None:
             wide = _sixteen_bit_with_head_dim_v(data, ROW_REDUCE_CHAINS_MIN_HEAD_DIM_V)
             data["row_reduce_chains"] = ROW_REDUCE_CHAINS_DEFAULT if wide else 1
@@ -646,6 +659,8 @@ class KernelSpec(BaseModel):
             custom = data.get("score_mod") is not None or data.get("mask_mod") is not None
             data["pingpong"] = data.get("num_consumer_warpgroups") == 2 and (
                 data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not custom))
+        if data.get("warpgroup_key_trim") is None:
+            data["warpgroup_key_trim"] = _warpgroup_key_trim_default(data)
         return data
 
     @classmethod

@@ -72,7 +72,7 @@ def test_epilogue_in_v_buffer_renders_a_producer_store(head_dim, block_n, schedu
     """epilogue="tma_v": the consumers stage O in the V stages' buffer and hand it over; the
     producer stores it before the next V load lands there, and for the last tile at the end."""
     spec = KernelSpec(head_dim=head_dim, block_n=block_n, causal=True, scheduler=scheduler, epilogue="tma_v")
-    assert spec.name.removesuffix("_qr").removesuffix("_pin2").endswith("_otmav")
+    assert spec.name.removesuffix("_wgt").removesuffix("_qr").removesuffix("_pin2").endswith("_otmav")
     assert not spec.inter_tile_overlap  # the next tile's P·V would wait for the store
     # O needs no shared memory of its own.
     assert spec.smem_bytes == KernelSpec(head_dim=head_dim, block_n=block_n, epilogue="direct").smem_bytes
@@ -267,7 +267,7 @@ def test_pin_pv_wait_defaults_and_render():
     for causal in (False, True):
         for dtype in ("bf16", "fp16"):
             spec = KernelSpec(head_dim=256, dtype=dtype, causal=causal)
-            assert spec.block_n == 80 and spec.pin_pv_wait == 2 and spec.name.endswith("_pin2")
+            assert spec.block_n == 80 and spec.pin_pv_wait == 2 and spec.name.removesuffix("_wgt").endswith("_pin2")
             assert "pin_pv_wait" not in spec.canonical_json() and KernelSpec.from_json(spec.canonical_json()) == spec
     assert all(KernelSpec(head_dim=d, causal=c).pin_pv_wait == 0 for d in (64, 96, 128, 192) for c in (False, True))
     assert KernelSpec(head_dim=256, block_n=64).pin_pv_wait == 0
@@ -295,17 +295,25 @@ def test_pin_pv_wait_defaults_and_render():
 def test_warpgroup_key_trim_render_and_refusals():
     """warpgroup_key_trim: each consumer warpgroup trims the tile's key blocks to its own rows'
     right edge (trim_to_warpgroup), passes the cut ones without GEMMs (pass_hidden_key_blocks,
-    taking its pingpong turn), and masks by its own rows. Rendered only into trimmed kernels;
-    left out of the canonical JSON at its default; refused without a right key bound and for the
-    backward."""
-    for d, causal in ((64, True), (128, False), (128, True), (256, True)):
-        spec = KernelSpec(head_dim=d, causal=causal)
-        assert "warpgroup_key_trim" not in spec.canonical_json() and "_wgt" not in spec.name
+    taking its pingpong turn), and masks by its own rows. On by default for the 16-bit causal
+    kernels of hdim 64 and 256 without pingpong or a variant (where it measured faster); rendered
+    only into trimmed kernels; left out of the canonical JSON at its default; refused without a
+    right key bound and for the backward."""
+    for d, dtype in ((64, "bf16"), (64, "fp16"), (256, "bf16"), (256, "fp16")):
+        spec = KernelSpec(head_dim=d, dtype=dtype, causal=True)
+        assert spec.warpgroup_key_trim and spec.name.endswith("_wgt") and "warpgroup_key_trim" not in spec.canonical_json()
+        assert KernelSpec.from_json(spec.canonical_json()) == spec
+    assert KernelSpec(head_dim=256, causal=True, block_n=64).warpgroup_key_trim  # the registry's short tiles
+    untrimmed = [KernelSpec(head_dim=d, causal=c) for d in (96, 128, 192) for c in (False, True)]
+    untrimmed += [KernelSpec(head_dim=64), KernelSpec(head_dim=256), KernelSpec(head_dim=64, causal=True, block_m=128),
+                  KernelSpec(head_dim=256, dtype="e4m3", causal=True), KernelSpec(head_dim=256, causal=True, softcap=True),
+                  KernelSpec(head_dim=64, causal=True, block_m=128, block_n=128), KernelSpec(head_dim=256, window=True)]
+    for spec in untrimmed:
+        assert not spec.warpgroup_key_trim and "_wgt" not in spec.name, spec.name
         assert "trim_to_warpgroup" not in render(spec) and "pass_hidden_key_blocks" not in render(spec)
-    three = KernelSpec(head_dim=64, causal=True, block_m=192, block_n=128, num_consumer_warpgroups=3,
-                       warpgroup_key_trim=True)
-    assert three.name.endswith("_wgt") and KernelSpec.from_json(three.canonical_json()) == three
-    code = render(three)
+    off = KernelSpec(head_dim=64, causal=True, warpgroup_key_trim=False)
+    assert '"warpgroup_key_trim":false' in off.canonical_json() and "trim_to_warpgroup" not in render(off)
+    code = render(KernelSpec(head_dim=64, causal=True))  # 192 x 128, three warpgroups, chained tiles
     assert "int trim_to_warpgroup(" in code and "int const hidden_next = trim_to_warpgroup(" in code
     assert code.count("pass_hidden_key_blocks(pipeline_k, pipeline_v, read, hidden") == 3  # first tile, two chained
     assert "last_visible_key(p, m_block * kBlockM + warpgroup * 64)" in code  # the warpgroup's own mask test
@@ -316,6 +324,7 @@ def test_warpgroup_key_trim_render_and_refusals():
     assert "sync(kMmaThreads, kTurnBarrier + warpgroup)" in hidden_turn and "1 - warpgroup" in hidden_turn
     serial = render(KernelSpec(head_dim=128, causal=True, block_n=64, intra_wg_overlap=False, warpgroup_key_trim=True))
     assert "int const hidden = trim_to_warpgroup(p, t.m_block, warpgroup, blocks);" in serial
+    assert "int const warpgroup = __shfl_sync(0xffffffff, mma_thread / 128, 0);" in serial  # warp-uniform
     window = KernelSpec(head_dim=128, window=True, block_n=64, warpgroup_key_trim=True)  # the window's right side
     assert "first_visible_key(p, m_block * kBlockM + warpgroup * 64 + 63)" in render(window)
     with pytest.raises(ValidationError, match="needs causal=True or window=True"):
