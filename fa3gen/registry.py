@@ -42,7 +42,9 @@ REGISTRY.update({
 # the default for seqlen_q <= limit, those for seqlen_q > limit); empty fields: the default spec.
 # Measured on the H200 (2026-11-30, bf16, 16k tokens, interleaved timing, same process):
 # - hdim 64, causal: the default 192-row tiles waste most of the diagonal's blocks; 128 rows:
-#   s512 168 -> 197 TFLOP/s, s1k 218 -> 259 (s2k 321 -> 309). (Not causal, 128 rows paid at s512
+#   s512 168 -> 197 TFLOP/s, s1k 218 -> 259 (s2k 321 -> 309). Three stages for them (2026-12-01, three
+#   processes): s512 237.4 -> 245.7, 228.5 -> 237.1, 226.6 -> 234.9; s1k 317.3 -> 319.8, 309.2 ->
+#   303.7, 302.4 -> 303.6. (Not causal, three stages lost at s512: 387.1 -> 371.2.) (Not causal, 128 rows paid at s512
 #   until each warpgroup stored its own O rows: then 192 rows 370 vs 364, s1k 420 vs 417.)
 # - hdim 128, not causal: 176-key blocks (FA3's tile; O from registers, one Q buffer) halve the
 #   softmax's share per key: s16k 594 -> 630, s4k 575 -> 578, but s512 435 -> 386, s1k 512 -> 481.
@@ -60,7 +62,7 @@ REGISTRY.update({
 #   611 vs 567, causal 418 vs 404; s2k 673 vs 613). With lazy rescale (measured later that day)
 #   64 keys also win causal s1k: 460 vs 448 (graphs 461 vs 448); not causal s1k ties (661 vs 663).
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
-    (64, True): (1024, {"block_m": 128, "block_n": 128}, {}),
+    (64, True): (1024, {"block_m": 128, "block_n": 128, "stages": 3}, {}),
     (128, False): (2048, {}, {"q_buffers": 1}),
     (256, False): (512, {"block_n": 64}, {}),
     (256, True): (1024, {"block_n": 64}, {}),
