@@ -216,8 +216,10 @@ def _pin_pv_wait_default(fields: dict[str, Any]) -> int:
 # warpgroups) s512 217.4 -> 236.6, s2k 370.6 -> 383.0, s4k 412.4 -> 420.4, s16k 486.7 -> 484.2;
 # hdim 256 causal (128 x 80) s512 315.2 -> 329.3, s2k 523.3 -> 532.2, s16k 660.6 -> 661.2, (128 x
 # 64) s512 328.1 -> 335.0, s1k 441.6 -> 451.7. e4m3 hdim 128 causal (pingpong, where the cut
-# blocks still take their turns) lost at 16k: 743.4 -> 712.8 (s2k 551.5 -> 567.6).
-WARPGROUP_KEY_TRIM_HEAD_DIMS = (64, 256)
+# blocks still take their turns) lost at 16k: 743.4 -> 712.8 (s2k 551.5 -> 567.6). hdim 192
+# causal (128 x 112), two runs: s512 303.1 -> 325.2 and 301.6 -> 324.1, s2k 559.1 -> 584.0 and
+# 564.8 -> 587.4, s16k 715.4 -> 733.6 and 732.0 -> 739.5.
+WARPGROUP_KEY_TRIM_HEAD_DIMS = (64, 192, 256)
 
 
 def _warpgroup_key_trim_default(fields: dict[str, Any]) -> bool:

@@ -296,15 +296,16 @@ def test_warpgroup_key_trim_render_and_refusals():
     """warpgroup_key_trim: each consumer warpgroup trims the tile's key blocks to its own rows'
     right edge (trim_to_warpgroup), passes the cut ones without GEMMs (pass_hidden_key_blocks,
     taking its pingpong turn), and masks by its own rows. On by default for the 16-bit causal
-    kernels of hdim 64 and 256 without pingpong or a variant (where it measured faster); rendered
+    kernels of hdim 64, 192 and 256 without pingpong or a variant (where it measured faster); rendered
     only into trimmed kernels; left out of the canonical JSON at its default; refused without a
     right key bound and for the backward."""
-    for d, dtype in ((64, "bf16"), (64, "fp16"), (256, "bf16"), (256, "fp16")):
+    for d, dtype in ((64, "bf16"), (64, "fp16"), (192, "bf16"), (192, "fp16"), (256, "bf16"), (256, "fp16")):
         spec = KernelSpec(head_dim=d, dtype=dtype, causal=True)
         assert spec.warpgroup_key_trim and spec.name.endswith("_wgt") and "warpgroup_key_trim" not in spec.canonical_json()
         assert KernelSpec.from_json(spec.canonical_json()) == spec
     assert KernelSpec(head_dim=256, causal=True, block_n=64).warpgroup_key_trim  # the registry's short tiles
-    untrimmed = [KernelSpec(head_dim=d, causal=c) for d in (96, 128, 192) for c in (False, True)]
+    untrimmed = [KernelSpec(head_dim=d, causal=c) for d in (96, 128) for c in (False, True)]
+    untrimmed += [KernelSpec(head_dim=192), KernelSpec(head_dim=192, head_dim_v=128, causal=True)]
     untrimmed += [KernelSpec(head_dim=64), KernelSpec(head_dim=256), KernelSpec(head_dim=64, causal=True, block_m=128),
                   KernelSpec(head_dim=256, dtype="e4m3", causal=True), KernelSpec(head_dim=256, causal=True, softcap=True),
                   KernelSpec(head_dim=64, causal=True, block_m=128, block_n=128), KernelSpec(head_dim=256, window=True)]
