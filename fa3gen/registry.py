@@ -13,39 +13,36 @@ def _registry_name(head_dim: int, dtype: str, causal: bool, kind: str = "fwd") -
     return f"{kind}_d{head_dim}_{dtype}" + ("_causal" if causal else "")
 
 
+# Registry forward tiles that differ from the spec defaults at every query length, per (head_dim,
+# causal). hdim 128 causal: one Q buffer (so no chained tiles and no pingpong), Q in registers.
+# Measured on the H200 (2026-12-01, 16k tokens, interleaved, two processes) against the chained
+# pingpong default it replaced up to 2k queries: bf16 s512 311 -> 334 and 316 -> 338, s1k 415 ->
+# 428 and 423 -> 434, s2k 500 -> 513 and 516 -> 525; fp16 s512 307 -> 328, s1k 422 -> 434, s2k
+# 484 -> 495. Past 2k it had been SEQLEN_TILES' long bucket.
+REGISTRY_TILES: dict[tuple[int, bool], dict[str, Any]] = {
+    (128, True): {"q_buffers": 1},
+}
+
 # Forward kernels of every head dim, then the backward kernels (non-deterministic); the deterministic
 # backward kernels are compiled on first use.
 REGISTRY: dict[str, KernelSpec] = {
-    _registry_name(d, dtype, causal, kind): KernelSpec(kind=kind, head_dim=d, dtype=dtype, causal=causal)
+    _registry_name(d, dtype, causal, kind): KernelSpec(kind=kind, head_dim=d, dtype=dtype, causal=causal,
+                                                       **(REGISTRY_TILES.get((d, causal), {}) if kind == "fwd" else {}))
     for kind in ("fwd", "bwd")
     for d in SUPPORTED_HEAD_DIMS
     for dtype in ("bf16", "fp16")
     for causal in (False, True)
 }
 
-# Registry forward tiles that differ from the spec defaults at every query length, per (head_dim,
-# causal). hdim 128 causal: one Q buffer (so no chained tiles and no pingpong), Q in registers.
-# Measured on the H200 (2026-12-01, 16k tokens, interleaved, two processes) against the chained
-# pingpong default it replaced up to 2k queries: bf16 s512 311 -> 334 and 316 -> 338, s1k 415 ->
-# 428 and 423 -> 434, s2k 500 -> 513 and 516 -> 525; fp16 s512 307 -> 328, s1k 422 -> 434, s2k
-# 484 -> 495. Past 2k it was already the registry's kernel (SEQLEN_TILES, below, before).
-REGISTRY_TILES: dict[tuple[int, bool], dict[str, Any]] = {
-    (128, True): {"q_buffers": 1},
-}
-REGISTRY.update({
-    _registry_name(d, dtype, causal): KernelSpec(head_dim=d, dtype=dtype, causal=causal, **fields)
-    for (d, causal), fields in REGISTRY_TILES.items()
-    for dtype in ("bf16", "fp16")
-})
-
 # Forward tiles by query length, per (head_dim, causal): (limit, the spec fields that differ from
 # the default for seqlen_q <= limit, those for seqlen_q > limit); empty fields: the default spec.
 # Measured on the H200 (2026-11-30, bf16, 16k tokens, interleaved timing, same process):
 # - hdim 64, causal: the default 192-row tiles waste most of the diagonal's blocks; 128 rows:
-#   s512 168 -> 197 TFLOP/s, s1k 218 -> 259 (s2k 321 -> 309). Three stages for them (2026-12-01, three
-#   processes): s512 237.4 -> 245.7, 228.5 -> 237.1, 226.6 -> 234.9; s1k 317.3 -> 319.8, 309.2 ->
-#   303.7, 302.4 -> 303.6. (Not causal, three stages lost at s512: 387.1 -> 371.2.) (Not causal, 128 rows paid at s512
-#   until each warpgroup stored its own O rows: then 192 rows 370 vs 364, s1k 420 vs 417.)
+#   s512 168 -> 197 TFLOP/s, s1k 218 -> 259 (s2k 321 -> 309). (Not causal, 128 rows paid at s512
+#   until each warpgroup stored its own O rows: then 192 rows 370 vs 364, s1k 420 vs 417.) Three
+#   stages for the 128-row tiles (2026-12-01, three processes): s512 237.4 -> 245.7, 228.5 ->
+#   237.1, 226.6 -> 234.9; s1k 317.3 -> 319.8, 309.2 -> 303.7, 302.4 -> 303.6. (Not causal, three
+#   stages for the 192-row tiles lost at s512: 387.1 -> 371.2.)
 # - hdim 128, not causal: 176-key blocks (FA3's tile; O from registers, one Q buffer) halve the
 #   softmax's share per key: s16k 594 -> 630, s4k 575 -> 578, but s512 435 -> 386, s1k 512 -> 481.
 #   With lazy rescale (2026-11-30, later) the 128-key default gains and keeps s4k: 622 vs 597

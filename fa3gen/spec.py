@@ -201,13 +201,19 @@ PIN_PV_WAIT_HEAD_DIMS = (256,)
 PIN_PV_WAIT_BLOCK_N = 80
 
 
+def _plain_16bit_of(fields: dict[str, Any], head_dims: tuple[int, ...]) -> bool:
+    """A forward spec's raw fields: 16-bit inputs, one of head_dims (head_dim_v equal to it) and no
+    variant: the kernels a measured default was measured on."""
+    d = fields.get("head_dim")
+    return (d in head_dims and fields.get("head_dim_v") in (None, d) and fields.get("dtype", "bf16") != "e4m3"
+            and not _has_variant(fields))
+
+
 def _pin_pv_wait_default(fields: dict[str, Any]) -> int:
     """pin_pv_wait when unset, from a forward spec's raw fields: 2 (after both rows) for the
     16-bit hdim 256 kernels on 80-key blocks without a variant, where it was measured faster; else 0."""
-    d = fields.get("head_dim")
-    measured = (d in PIN_PV_WAIT_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
-                and fields.get("block_n") == PIN_PV_WAIT_BLOCK_N and fields.get("dtype", "bf16") != "e4m3")
-    return 2 if measured and fields.get("intra_wg_overlap", True) is True and not _has_variant(fields) else 0
+    measured = _plain_16bit_of(fields, PIN_PV_WAIT_HEAD_DIMS) and fields.get("block_n") == PIN_PV_WAIT_BLOCK_N
+    return 2 if measured and fields.get("intra_wg_overlap", True) is True else 0
 
 
 # Per-warpgroup key trimming (warpgroup_key_trim) is on by default where it measured faster: the
@@ -225,10 +231,8 @@ WARPGROUP_KEY_TRIM_HEAD_DIMS = (64, 192, 256)
 def _warpgroup_key_trim_default(fields: dict[str, Any]) -> bool:
     """warpgroup_key_trim when unset, from a forward spec's raw fields (pingpong already filled):
     on for the 16-bit causal kernels of WARPGROUP_KEY_TRIM_HEAD_DIMS without pingpong or a variant."""
-    d = fields.get("head_dim")
-    return (d in WARPGROUP_KEY_TRIM_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
-            and fields.get("causal") is True and fields.get("dtype", "bf16") != "e4m3"
-            and fields.get("pingpong") is False and not _has_variant(fields))
+    return (_plain_16bit_of(fields, WARPGROUP_KEY_TRIM_HEAD_DIMS) and fields.get("causal") is True
+            and fields.get("pingpong") is False)
 
 
 # Backward kernels of head dims up to this one, with the keys split, keep K and V in registers
