@@ -235,6 +235,25 @@ def _warpgroup_key_trim_default(fields: dict[str, Any]) -> bool:
             and fields.get("pingpong") is False)
 
 
+# The narrow edge block (narrow_edge_block) is on by default for the 16-bit causal kernels without a
+# variant of these (head_dim, block_n), where it measured faster. On the H200 (2026-12-02, bf16, 16k
+# tokens, interleaved, two runs in one process, TFLOP/s without -> with): hdim 64 causal 128 x 128
+# pingpong (the registry's up to 1k) s512 239.9 -> 252.6 and 241.6 -> 256.5, s1k 315.1 -> 321.0 and
+# 316.6 -> 326.5; 192 x 128 (past 1k) s2k 383.6 -> 395.3 and 383.8 -> 396.2, s4k +2%, s16k +1.7%;
+# hdim 192 causal (128 x 112) s1k +2.6% / +1.5%, s2k +1.3% / +1.9%; hdim 256 causal on 64 keys
+# s512 +2.1% / +0.4%, s1k +0.9% / +1.0%. Not taken: hdim 256 on 80 keys (within 0.3%), hdim 128
+# causal (one Q buffer, Q in registers): s1k 425.4 -> 418.2 and 431.4 -> 419.4, s2k -2%.
+NARROW_EDGE_BLOCK_TILES: tuple[tuple[int, int], ...] = ((64, 128), (192, 112), (256, 64))
+
+
+def _narrow_edge_block_default(fields: dict[str, Any]) -> bool:
+    """narrow_edge_block when unset, from a forward spec's raw fields (block_n already filled): on
+    for the 16-bit causal kernels of NARROW_EDGE_BLOCK_TILES without a variant."""
+    measured = _plain_16bit_of(fields, tuple(d for d, _ in NARROW_EDGE_BLOCK_TILES))
+    return (measured and (fields.get("head_dim"), fields.get("block_n")) in NARROW_EDGE_BLOCK_TILES
+            and fields.get("causal") is True and fields.get("intra_wg_overlap", True) is True)
+
+
 # Backward kernels of head dims up to this one, with the keys split, keep K and V in registers
 # (kv_registers) and run BWD_KV_REGISTERS_STAGES stages of Q and dO. At hdim 64 a step is bound by
 # shared-memory bandwidth more than by the tensor cores: per step and CTA its SS GEMMs, dS, the dQ
@@ -352,6 +371,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "q_registers": lambda f: _q_registers_default(f) if f["kind"] == "fwd" else None,
     "pin_pv_wait": lambda f: _pin_pv_wait_default(f) if f["kind"] == "fwd" else None,
     "warpgroup_key_trim": lambda f: _warpgroup_key_trim_default(f) if f["kind"] == "fwd" else None,
+    "narrow_edge_block": lambda f: _narrow_edge_block_default(f) if f["kind"] == "fwd" else None,
     "kv_registers": lambda f: _bwd_kv_registers_default(f) if f["kind"] == "bwd" else None,
     "dq_deferred": lambda f: _bwd_dq_deferred_default(f) if f["kind"] == "bwd" else None,
     "dq_single_warpgroup": lambda f: _bwd_dq_single_warpgroup_default(f) if f["kind"] == "bwd" else None,
@@ -514,6 +534,12 @@ class KernelSpec(BaseModel):
     # Needs a right key bound (causal or window). None: _warpgroup_key_trim_default
     # (WARPGROUP_KEY_TRIM_HEAD_DIMS).
     warpgroup_key_trim: bool | None = None
+    # A consumer warpgroup whose rows see none of the second half of the first key block a tile
+    # visits (the diagonal's block when causal, with sq == sk warpgroup 0's of every 128-row tile)
+    # computes that block's Q·Kᵀ and softmax over its first half only, with a WGMMA half as wide;
+    # P's other half is zero, so the P·V that follows is unchanged. Needs a right key bound, 16-bit
+    # inputs and intra_wg_overlap. None: _narrow_edge_block_default.
+    narrow_edge_block: bool | None = None
     # Inter-tile overlap: a tile's last P·V runs beside the next tile's first Q·Kᵀ, whose softmax
     # runs before this tile's epilogue, so short tiles do not leave the tensor cores idle at their
     # ends. Needs intra_wg_overlap, a persistent scheduler and two Q buffers.
@@ -667,6 +693,8 @@ class KernelSpec(BaseModel):
                 data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not custom))
         if data.get("warpgroup_key_trim") is None:
             data["warpgroup_key_trim"] = _warpgroup_key_trim_default(data)
+        if data.get("narrow_edge_block") is None:
+            data["narrow_edge_block"] = _narrow_edge_block_default(data)
         return data
 
     @classmethod
@@ -732,6 +760,17 @@ class KernelSpec(BaseModel):
         if missing:
             raise ValueError(f"inter_tile_overlap needs {', '.join(missing)}")
 
+    def _check_narrow_edge_block(self) -> None:
+        why = []
+        if not self.keys_bounded_right:
+            why.append("causal=True or window=True (without either no warpgroup's rows end inside a key block)")
+        if self.is_fp8:
+            why.append("16-bit inputs (an e4m3 P is laid out for the P·V GEMM across the whole block)")
+        if not self.intra_wg_overlap:
+            why.append("intra_wg_overlap=True (the narrow block is the overlapped mainloop's peeled first step)")
+        if why:
+            raise ValueError("narrow_edge_block needs " + "; ".join(why))
+
     def _check_o_in_v(self) -> None:
         assert self.block_m and self.block_n and self.head_dim_v and self.stages
         if not _o_fits_in_v(self.dtype, self.block_m, self.block_n, self.head_dim_v, self.stages):
@@ -765,7 +804,7 @@ class KernelSpec(BaseModel):
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
             raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
                              "not causal (its key blocks run in order): leave it unset")
-        for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim"):
+        for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim", "narrow_edge_block"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to forward kernels; leave it unset for kind='bwd'")
         # The step layouts these fields change exist only with the keys split: why not otherwise.
@@ -848,6 +887,8 @@ class KernelSpec(BaseModel):
         if self.warpgroup_key_trim and not self.keys_bounded_right:
             raise ValueError("warpgroup_key_trim skips, per consumer warpgroup, the key blocks right of its own rows' "
                              "edge: it needs causal=True or window=True (without either every row sees every key)")
+        if self.narrow_edge_block:
+            self._check_narrow_edge_block()
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -988,6 +1029,7 @@ class KernelSpec(BaseModel):
         sched += "_qr" if self.q_registers else ""
         sched += f"_pin{self.pin_pv_wait}" if self.pin_pv_wait else ""
         sched += "_wgt" if self.warpgroup_key_trim else ""
+        sched += "_neb" if self.narrow_edge_block else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

@@ -28,6 +28,9 @@ SPECS = {
     "d96_causal_serial_grid": KernelSpec(head_dim=96, causal=True, intra_wg_overlap=False, scheduler="grid"),
     # Q in registers (ldmatrix once per tile) for Q·Kᵀ: the causal hdim 128 kernels' default.
     "fwd_d128_bf16_causal": REGISTRY["fwd_d128_bf16_causal"],
+    # The narrow edge block (a first key block's Q·Kᵀ half as wide: 56 keys) beside per-warpgroup
+    # key trimming, O staged in the V buffer.
+    "fwd_d192_bf16_causal": REGISTRY["fwd_d192_bf16_causal"],
     # Variants: built-in window + softcap on the causal lpt kernel, and a custom score_mod over tensors.
     "d128_causal_window_softcap": KernelSpec(head_dim=128, causal=True, window=True, softcap=True),
     "d128_custom_relative_bias": KernelSpec(
@@ -116,6 +119,16 @@ def test_sass_pv_wait_after_the_softmax(builds: dict[str, BuildResult], name: st
     assert all(n == placement.exp2 for n in placement.exp2_before_waits), placement.summary()
     first_wait = next(i for i, t in enumerate(loop) if WAIT_ALL_WGMMA in t)
     assert any(re.match(r"(@!?U?P\w+\s+)?STS\b", t) for t in loop[:first_wait]), "no pin store before the wait"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].narrow_edge_block])
+def test_sass_narrow_edge_block_wgmma(builds: dict[str, BuildResult], name: str) -> None:
+    """narrow_edge_block: the peeled first key block's Q·Kᵀ also comes as a WGMMA of half the
+    block's keys (N = block_n / 2), in the tile's first step only: the key-block loop has none."""
+    spec, sass = SPECS[name], _sass(builds[name])
+    narrow, whole = f"HGMMA.64x{spec.block_n // 2}x16", f"HGMMA.64x{spec.block_n}x16"
+    assert narrow in sass and whole in sass, sorted(set(re.findall(r"HGMMA\.\d+x\d+x\d+", sass)))
+    assert not any(narrow in t for t in key_block_loop(sass))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -59,6 +59,14 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=256, causal=True, block_n=64, warpgroup_key_trim=True),
     fa3gen.KernelSpec(head_dim=128, causal=True, block_n=64, pingpong=True, warpgroup_key_trim=True),
     fa3gen.KernelSpec(head_dim=128, causal=True, block_n=64, intra_wg_overlap=False, warpgroup_key_trim=True),
+    # The narrow edge block beside the registry's (hdim 64 and 192 causal, hdim 256 causal on 64
+    # keys): three warpgroups without key trimming (a first block may be hidden from all of a
+    # warpgroup's rows), Q in registers on one Q buffer, 80-key blocks (a 40-key WGMMA) with O in
+    # the V buffer, pingpong on chained tiles in fp16.
+    fa3gen.KernelSpec(head_dim=64, causal=True, warpgroup_key_trim=False, narrow_edge_block=True),
+    fa3gen.KernelSpec(head_dim=128, causal=True, q_buffers=1, narrow_edge_block=True),
+    fa3gen.KernelSpec(head_dim=256, causal=True, narrow_edge_block=True),
+    fa3gen.KernelSpec(head_dim=128, causal=True, dtype="fp16", narrow_edge_block=True),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 # The last shape has ~8 tiles per CTA: Q buffers wrap around, and tiles chain into each other.

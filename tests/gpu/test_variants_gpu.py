@@ -110,16 +110,19 @@ def test_sliding_window_serial_mainloop(window):
         check(q, k, v, True, kernel, VariantArgs(window), TOLERANCE["bf16"], window_size=window)
 
 
-# Per-warpgroup key trimming under a window, not causal (the window's right side bounds the keys)
-# and causal with pingpong on 64-key blocks: each warpgroup's own last block and mask test.
-TRIM_WINDOW_SPECS = [fa3gen.KernelSpec(head_dim=128, window=True, block_n=64, warpgroup_key_trim=True),
-                     fa3gen.KernelSpec(head_dim=128, window=True, causal=True, block_n=64, pingpong=True,
-                                       warpgroup_key_trim=True)]
+# Each warpgroup's own right edge under a window: key trimming not causal (the window's right side
+# bounds the keys) and causal with pingpong on 64-key blocks (each warpgroup's own last block and
+# mask test), and the narrow edge block (the first key block's half, where the edge falls in it).
+WARPGROUP_EDGE_WINDOW_SPECS = [
+    fa3gen.KernelSpec(head_dim=128, window=True, block_n=64, warpgroup_key_trim=True),
+    fa3gen.KernelSpec(head_dim=128, window=True, causal=True, block_n=64, pingpong=True, warpgroup_key_trim=True),
+    fa3gen.KernelSpec(head_dim=128, window=True, narrow_edge_block=True),
+]
 
 
-@pytest.mark.parametrize("spec", TRIM_WINDOW_SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", WARPGROUP_EDGE_WINDOW_SPECS, ids=lambda s: s.name)
 @pytest.mark.parametrize("window", [(256, 0), (100, 50), (-1, 30), (0, 0)])
-def test_sliding_window_warpgroup_key_trim(spec, window):
+def test_sliding_window_warpgroup_edges(spec, window):
     kernel = fa3gen.compile(spec)
     for i, (b, sq, sk, hq, hkv) in enumerate(SHAPES):
         q, k, v = inputs(b, sq, sk, hq, hkv, 128, torch.bfloat16, seed=40 + i)
@@ -150,7 +153,7 @@ SPECS = (
     + [fa3gen.default_spec(d, d, dt, causal, softcap=True) for d, dt, causal in SOFTCAP_CASES]
     + [fa3gen.default_spec(d, d, dt, causal, alibi=True) for d, dt, causal in ALIBI_CASES]
     + [fa3gen.default_spec(128, 128, "bf16", True, window=True, softcap=True, alibi=True), t5_spec("bf16"),
-       documents_spec("fp16"), SERIAL_WINDOW_SPEC, *TRIM_WINDOW_SPECS]
+       documents_spec("fp16"), SERIAL_WINDOW_SPEC, *WARPGROUP_EDGE_WINDOW_SPECS]
 )
 
 
