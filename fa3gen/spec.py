@@ -530,8 +530,9 @@ class KernelSpec(BaseModel):
     # Each consumer warpgroup visits only the key blocks its own 64 rows can see: the tile's last
     # blocks past its rows' right edge (causal, or a window's right side) are waited for and
     # released without their GEMMs, and a block is masked only where it crosses the warpgroup's
-    # own edges. The producer still loads the tile's blocks for the warpgroups that see them.
-    # Needs a right key bound (causal or window). None: _warpgroup_key_trim_default
+    # own edges. A warpgroup whose rows all lie past seqlen_q (in the last tile of a head, when
+    # block_m does not divide seqlen_q) keeps one block only, causal or not. The producer still
+    # loads the tile's blocks for the warpgroups that see them. None: _warpgroup_key_trim_default
     # (WARPGROUP_KEY_TRIM_HEAD_DIMS).
     warpgroup_key_trim: bool | None = None
     # A consumer warpgroup whose rows see none of the second half of the first key block a tile
@@ -884,9 +885,6 @@ class KernelSpec(BaseModel):
         if self.pin_pv_wait and not self.intra_wg_overlap:
             raise ValueError("pin_pv_wait keeps the wait for the previous key block's P·V after softmax rows: it needs "
                              "intra_wg_overlap=True (without it each P·V is waited for as soon as it is issued)")
-        if self.warpgroup_key_trim and not self.keys_bounded_right:
-            raise ValueError("warpgroup_key_trim skips, per consumer warpgroup, the key blocks right of its own rows' "
-                             "edge: it needs causal=True or window=True (without either every row sees every key)")
         if self.narrow_edge_block:
             self._check_narrow_edge_block()
         if self.epilogue == "tma_v":

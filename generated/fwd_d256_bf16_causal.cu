@@ -264,12 +264,14 @@ __device__ __forceinline__ KeyBlockRange key_block_range(KernelParams const& p, 
 }
 
 // The tile's key blocks trimmed to those some row of this warpgroup (its 64 rows, past seqlen_q
-// none) can see; returns how many of the tile's last blocks were cut. At least one block stays,
-// so a warpgroup takes part in each tile the others compute (its Q, its O, its turns).
+// none) can see; returns how many of the tile's last blocks were cut. A warpgroup whose rows all
+// lie past seqlen_q (the last tile's, when kBlockM does not divide it) sees none. At least one
+// block stays, so a warpgroup takes part in each tile the others compute (its Q, its O, its turns).
 __device__ __forceinline__ int trim_to_warpgroup(KernelParams const& p, int m_block, int warpgroup, KeyBlockRange& blocks) {
   if (blocks.empty()) { return 0; }
+  bool const past_queries = m_block * kBlockM + warpgroup * 64 >= p.seqlen_q;
   int const last_row = min(m_block * kBlockM + (warpgroup + 1) * 64, p.seqlen_q) - 1;
-  int const end = cute::ceil_div(max(last_visible_key(p, last_row) + 1, 0), int(kBlockN));
+  int const end = past_queries ? 0 : cute::ceil_div(max(last_visible_key(p, last_row) + 1, 0), int(kBlockN));
   int const trimmed = max(min(end, blocks.end), blocks.begin + 1);
   int const cut = blocks.end - trimmed;
   blocks.end = trimmed;

@@ -249,12 +249,14 @@ __device__ __forceinline__ bool sees_first_half_only(KernelParams const& p, int 
 }
 
 // The tile's key blocks trimmed to those some row of this warpgroup (its 64 rows, past seqlen_q
-// none) can see; returns how many of the tile's last blocks were cut. At least one block stays,
-// so a warpgroup takes part in each tile the others compute (its Q, its O, its turns).
+// none) can see; returns how many of the tile's last blocks were cut. A warpgroup whose rows all
+// lie past seqlen_q (the last tile's, when kBlockM does not divide it) sees none. At least one
+// block stays, so a warpgroup takes part in each tile the others compute (its Q, its O, its turns).
 __device__ __forceinline__ int trim_to_warpgroup(KernelParams const& p, int m_block, int warpgroup, KeyBlockRange& blocks) {
   if (blocks.empty()) { return 0; }
+  bool const past_queries = m_block * kBlockM + warpgroup * 64 >= p.seqlen_q;
   int const last_row = min(m_block * kBlockM + (warpgroup + 1) * 64, p.seqlen_q) - 1;
-  int const end = cute::ceil_div(max(last_visible_key(p, last_row) + 1, 0), int(kBlockN));
+  int const end = past_queries ? 0 : cute::ceil_div(max(last_visible_key(p, last_row) + 1, 0), int(kBlockN));
   int const trimmed = max(min(end, blocks.end), blocks.begin + 1);
   int const cut = blocks.end - trimmed;
   blocks.end = trimmed;
@@ -494,47 +496,94 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
       pipeline_q.consumer_release(read_q);  // every Q·Kᵀ of the tile has completed
       ++read_q;
       if (!blocks_next.empty()) {
-        pipeline_q.consumer_wait(read_q); pass_hidden_key_blocks(pipeline_k, pipeline_v, read, hidden_next);
-        if (sees_first_half_only(p, t_next.m_block, blocks_next.end - 1, warpgroup)) {
+        pipeline_q.consumer_wait(read_q);
+        if (hidden_next >= kStages) {
+          // The blocks to pass would take the stage whose V the pending P·V still reads (a
+          // warpgroup past seqlen_q passes all but one): that P·V first, then the next tile alone.
           {
-            int const n_block = blocks_next.end - 1;
-            Tensor tSrS = partition_fragment_C(mma_qk_narrow, select<0, 1>(TileQKNarrow{}));
-            pipeline_k.consumer_wait(read);
-            pipeline_v.consumer_wait(read_v);
-            fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk_narrow, tSrQ_buffers(_, _, _, read_q.index()), tSrK_narrow(_, _, _, read.index()), tSrS);
+            pipeline_v.consumer_wait(read_v);  // the P·V of the last key block visited
             fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_pv, p_operand, tOrV(_, _, _, read_v.index()), tOrO);
-            warpgroup_wait<1>();
-            pipeline_k.consumer_release(read);
-            Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
-            apply_score_mods(p, s_rows, s_coord_narrow, t_next, n_block);
-            if (key_block_needs_mask(p, t_next.m_block, n_block, warpgroup)) { mask_scores(p, s_rows, s_coord_narrow, t_next, n_block); }
-            softmax_next.update(s_rows, rescale);  // its O starts at zero: no rescale
-            warpgroup_wait<0>();  // the previous tile's O is complete and its P is free
+            warpgroup_wait<0>();
             pipeline_v.consumer_release(read_v);
-            fa3gen::convert_fragment<Element>(tSrS, tOrP_narrow);
-            zero_second_half(tOrP);  // keys no row of this warpgroup sees: nothing of their V enters O
-            read_v = read;
-            ++read;
+          }
+          pass_hidden_key_blocks(pipeline_k, pipeline_v, read, hidden_next);
+          if (sees_first_half_only(p, t_next.m_block, blocks_next.end - 1, warpgroup)) {
+            {
+              int const n_block = blocks_next.end - 1;
+              Tensor tSrS = partition_fragment_C(mma_qk_narrow, select<0, 1>(TileQKNarrow{}));
+              pipeline_k.consumer_wait(read);
+              fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk_narrow, tSrQ_buffers(_, _, _, read_q.index()), tSrK_narrow(_, _, _, read.index()), tSrS);
+              warpgroup_wait<0>();
+              pipeline_k.consumer_release(read);
+              Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
+              apply_score_mods(p, s_rows, s_coord_narrow, t_next, n_block);
+              if (key_block_needs_mask(p, t_next.m_block, n_block, warpgroup)) { mask_scores(p, s_rows, s_coord_narrow, t_next, n_block); }
+              softmax_next.update(s_rows, rescale);  // its O starts at zero: no rescale
+              fa3gen::convert_fragment<Element>(tSrS, tOrP_narrow);
+              zero_second_half(tOrP);  // keys no row of this warpgroup sees: nothing of their V enters O
+              read_v = read;
+              ++read;
+            }
+          } else {
+            {
+              int const n_block = blocks_next.end - 1;
+              Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileQK{}));
+              pipeline_k.consumer_wait(read);
+              fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk, tSrQ_buffers(_, _, _, read_q.index()), tSrK(_, _, _, read.index()), tSrS);
+              warpgroup_wait<0>();
+              pipeline_k.consumer_release(read);
+              Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
+              apply_score_mods(p, s_rows, s_coord, t_next, n_block);
+              if (key_block_needs_mask(p, t_next.m_block, n_block, warpgroup)) { mask_scores(p, s_rows, s_coord, t_next, n_block); }
+              softmax_next.update(s_rows, rescale);  // its O starts at zero: no rescale
+              fa3gen::convert_fragment<Element>(tSrS, tOrP);
+              read_v = read;
+              ++read;
+            }
           }
         } else {
-          {
-            int const n_block = blocks_next.end - 1;
-            Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileQK{}));
-            pipeline_k.consumer_wait(read);
-            pipeline_v.consumer_wait(read_v);
-            fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk, tSrQ_buffers(_, _, _, read_q.index()), tSrK(_, _, _, read.index()), tSrS);
-            fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_pv, p_operand, tOrV(_, _, _, read_v.index()), tOrO);
-            warpgroup_wait<1>();
-            pipeline_k.consumer_release(read);
-            Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
-            apply_score_mods(p, s_rows, s_coord, t_next, n_block);
-            if (key_block_needs_mask(p, t_next.m_block, n_block, warpgroup)) { mask_scores(p, s_rows, s_coord, t_next, n_block); }
-            softmax_next.update(s_rows, rescale);  // its O starts at zero: no rescale
-            warpgroup_wait<0>();  // the previous tile's O is complete and its P is free
-            pipeline_v.consumer_release(read_v);
-            fa3gen::convert_fragment<Element>(tSrS, tOrP);
-            read_v = read;
-            ++read;
+          pass_hidden_key_blocks(pipeline_k, pipeline_v, read, hidden_next);
+          if (sees_first_half_only(p, t_next.m_block, blocks_next.end - 1, warpgroup)) {
+            {
+              int const n_block = blocks_next.end - 1;
+              Tensor tSrS = partition_fragment_C(mma_qk_narrow, select<0, 1>(TileQKNarrow{}));
+              pipeline_k.consumer_wait(read);
+              pipeline_v.consumer_wait(read_v);
+              fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk_narrow, tSrQ_buffers(_, _, _, read_q.index()), tSrK_narrow(_, _, _, read.index()), tSrS);
+              fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_pv, p_operand, tOrV(_, _, _, read_v.index()), tOrO);
+              warpgroup_wait<1>();
+              pipeline_k.consumer_release(read);
+              Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
+              apply_score_mods(p, s_rows, s_coord_narrow, t_next, n_block);
+              if (key_block_needs_mask(p, t_next.m_block, n_block, warpgroup)) { mask_scores(p, s_rows, s_coord_narrow, t_next, n_block); }
+              softmax_next.update(s_rows, rescale);  // its O starts at zero: no rescale
+              warpgroup_wait<0>();  // the previous tile's O is complete and its P is free
+              pipeline_v.consumer_release(read_v);
+              fa3gen::convert_fragment<Element>(tSrS, tOrP_narrow);
+              zero_second_half(tOrP);  // keys no row of this warpgroup sees: nothing of their V enters O
+              read_v = read;
+              ++read;
+            }
+          } else {
+            {
+              int const n_block = blocks_next.end - 1;
+              Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileQK{}));
+              pipeline_k.consumer_wait(read);
+              pipeline_v.consumer_wait(read_v);
+              fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk, tSrQ_buffers(_, _, _, read_q.index()), tSrK(_, _, _, read.index()), tSrS);
+              fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_pv, p_operand, tOrV(_, _, _, read_v.index()), tOrO);
+              warpgroup_wait<1>();
+              pipeline_k.consumer_release(read);
+              Tensor s_rows = make_tensor(tSrS.data(), fa3gen::accumulator_as_rows_cols(tSrS.layout()));
+              apply_score_mods(p, s_rows, s_coord, t_next, n_block);
+              if (key_block_needs_mask(p, t_next.m_block, n_block, warpgroup)) { mask_scores(p, s_rows, s_coord, t_next, n_block); }
+              softmax_next.update(s_rows, rescale);  // its O starts at zero: no rescale
+              warpgroup_wait<0>();  // the previous tile's O is complete and its P is free
+              pipeline_v.consumer_release(read_v);
+              fa3gen::convert_fragment<Element>(tSrS, tOrP);
+              read_v = read;
+              ++read;
+            }
           }
         }
       } else {

@@ -314,35 +314,36 @@ def test_kernel_selection_memo_and_params(monkeypatch):
     """_launch picks default_spec(d, dv, dtype, causal, ..., seqlen_q bucket), compiles once per
     bucket, fills FwdParams."""
     rec = _recording_kernels(monkeypatch)
-    packed = torch.randn(2, 9, 3, 4, 64, dtype=torch.bfloat16)
+    d = 256  # causal, its registry has tiles of its own up to 1k queries
+    packed = torch.randn(2, 9, 3, 4, d, dtype=torch.bfloat16)
     q, k, v = packed[:, :, 0], packed[:, :, 1, :2], packed[:, :, 2, :2]
-    out = torch.empty(2, 9, 4, 64, dtype=torch.bfloat16)
+    out = torch.empty(2, 9, 4, d, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 9)
     for _ in range(2):
         ops._launch(q, k, v, out, lse, 0.3, True)
-    # 9 query rows: hdim 64 causal takes the short-sequence tiles (registry.SEQLEN_TILES).
-    assert rec.specs == [("spec", 64, 64, "bf16", True, False, False, False, "short")]
+    # 9 query rows: hdim 256 causal takes the short-sequence tiles (registry.SEQLEN_TILES).
+    assert rec.specs == [("spec", d, d, "bf16", True, False, False, False, "short")]
     p, stream = rec.params[-1]
     assert stream == 1234
     assert (p.q, p.k, p.v, p.o, p.lse) == (q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                            out.data_ptr(), lse.data_ptr())
-    assert (p.q_batch_stride, p.q_row_stride, p.q_head_stride) == (9 * 3 * 4 * 64, 3 * 4 * 64, 64)
+    assert (p.q_batch_stride, p.q_row_stride, p.q_head_stride) == (9 * 3 * 4 * d, 3 * 4 * d, d)
     assert (p.k_batch_stride, p.k_row_stride, p.k_head_stride) == q.stride()[:3]
-    assert (p.o_batch_stride, p.o_row_stride, p.o_head_stride) == (9 * 4 * 64, 4 * 64, 64)
+    assert (p.o_batch_stride, p.o_row_stride, p.o_head_stride) == (9 * 4 * d, 4 * d, d)
     assert (p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv) == (2, 9, 9, 4, 2)
     assert p.softmax_scale == pytest.approx(0.3)
     # The scratch the kernel asked for: zeroed once, then shared by the stream's launches.
     assert p.workspace and p.workspace == rec.params[0][0].workspace
     # The bench preloads kernels by their keys, which name the bucket: the same memoized kernel.
-    assert ops._kernel_for(64, 64, "bf16", True, False, False, False, "short") is ops._kernel_for(
-        64, 64, "bf16", True, seqlen_q=9)
+    assert ops._kernel_for(d, d, "bf16", True, False, False, False, "short") is ops._kernel_for(
+        d, d, "bf16", True, seqlen_q=9)
     assert len(rec.specs) == 1
     (workspace,) = launch._FWD_WORKSPACES.values()
     assert workspace.data_ptr() == p.workspace and workspace.numel() >= 16 and not workspace.any()
-    long_q = torch.randn(1, 3000, 4, 64, dtype=torch.bfloat16)
+    long_q = torch.randn(1, 3000, 4, d, dtype=torch.bfloat16)
     ops._launch(long_q, long_q[:, :, :2], long_q[:, :, :2], torch.empty_like(long_q), torch.empty(1, 4, 3000),
                 0.3, True)
-    assert rec.specs[-1] == ("spec", 64, 64, "bf16", True, False, False, False, None)  # the default tiles
+    assert rec.specs[-1] == ("spec", d, d, "bf16", True, False, False, False, None)  # the default tiles
 
 
 def _without_pointers(p) -> bytes:

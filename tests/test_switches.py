@@ -295,10 +295,10 @@ def test_pin_pv_wait_defaults_and_render():
 def test_warpgroup_key_trim_render_and_refusals():
     """warpgroup_key_trim: each consumer warpgroup trims the tile's key blocks to its own rows'
     right edge (trim_to_warpgroup), passes the cut ones without GEMMs (pass_hidden_key_blocks,
-    taking its pingpong turn), and masks by its own rows. On by default for the 16-bit causal
-    kernels of hdim 64, 192 and 256 without pingpong or a variant (where it measured faster); rendered
-    only into trimmed kernels; left out of the canonical JSON at its default; refused without a
-    right key bound and for the backward."""
+    taking its pingpong turn), and masks by its own rows; a warpgroup whose rows all lie past
+    seqlen_q keeps one block, causal or not. On by default for the 16-bit causal kernels of hdim
+    64, 192 and 256 without pingpong or a variant (where it measured faster); rendered only into
+    trimmed kernels; left out of the canonical JSON at its default; refused for the backward."""
     for d, dtype in ((64, "bf16"), (64, "fp16"), (192, "bf16"), (192, "fp16"), (256, "bf16"), (256, "fp16")):
         spec = KernelSpec(head_dim=d, dtype=dtype, causal=True)
         assert spec.warpgroup_key_trim and "_wgt" in spec.name and "warpgroup_key_trim" not in spec.canonical_json()
@@ -316,7 +316,7 @@ def test_warpgroup_key_trim_render_and_refusals():
     assert '"warpgroup_key_trim":false' in off.canonical_json() and "trim_to_warpgroup" not in render(off)
     code = render(KernelSpec(head_dim=64, causal=True))  # 192 x 128, three warpgroups, chained tiles
     assert "int trim_to_warpgroup(" in code and "int const hidden_next = trim_to_warpgroup(" in code
-    assert code.count("pass_hidden_key_blocks(pipeline_k, pipeline_v, read, hidden") == 3  # first tile, two chained
+    assert code.count("pass_hidden_key_blocks(pipeline_k, pipeline_v, read, hidden") == 4  # first tile, three chained
     assert "last_visible_key(p, m_block * kBlockM + warpgroup * 64)" in code  # the warpgroup's own mask test
     assert code.count("key_block_needs_mask(p, t") == code.count("n_block, warpgroup))")
     assert "NamedBarrier" not in code.split("void pass_hidden_key_blocks")[1].split("\n}\n")[0]
@@ -328,8 +328,15 @@ def test_warpgroup_key_trim_render_and_refusals():
     assert "int const warpgroup = __shfl_sync(0xffffffff, mma_thread / 128, 0);" in serial  # warp-uniform
     window = KernelSpec(head_dim=128, window=True, block_n=64, warpgroup_key_trim=True)  # the window's right side
     assert "first_visible_key(p, m_block * kBlockM + warpgroup * 64 + 63)" in render(window)
-    with pytest.raises(ValidationError, match="needs causal=True or window=True"):
-        KernelSpec(head_dim=128, warpgroup_key_trim=True)
+    # Chained into while the previous tile's last P·V holds a V stage, a warpgroup that passes
+    # kStages blocks or more finishes that P·V first (else the producer waits for the stage).
+    chained = code.split("int const hidden_next = trim_to_warpgroup(")[1]
+    assert chained.index("if (hidden_next >= kStages) {") < chained.index("pass_hidden_key_blocks(")
+    assert "if (hidden_next >= kStages)" not in serial
+    # Rows past seqlen_q see nothing, causal or not: such a warpgroup keeps one block.
+    assert "int const end = past_queries ? 0 : cute::ceil_div(max(last_visible_key(p, last_row) + 1, 0)" in code
+    every_key = render(KernelSpec(head_dim=128, warpgroup_key_trim=True))
+    assert "int const end = past_queries ? 0 : blocks.end;" in every_key and "last_visible_key" not in every_key
     with pytest.raises(ValidationError, match="warpgroup_key_trim applies to forward kernels"):
         KernelSpec(kind="bwd", head_dim=128, causal=True, warpgroup_key_trim=True)
 
@@ -349,7 +356,7 @@ def test_narrow_edge_block_render_and_refusals():
             on = KernelSpec(**fields, dtype=dtype, causal=True)
             assert on.narrow_edge_block and on.name.endswith("_neb") and "narrow_edge_block" not in on.canonical_json()
             assert KernelSpec.from_json(on.canonical_json()) == on
-    spec = KernelSpec(head_dim=64, causal=True, block_m=128, block_n=128, stages=3)  # the registry's up to 1k
+    spec = KernelSpec(head_dim=64, causal=True, block_m=128, block_n=128, stages=3)  # pingpong, chained tiles
     assert spec.pingpong and spec.inter_tile_overlap
     code = render(spec)
     assert "using TileQKNarrow = Shape<Int<kBlockM>, Int<kBlockN / 2>, Int<kHeadDim>>;" in code

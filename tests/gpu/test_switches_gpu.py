@@ -59,6 +59,11 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=256, causal=True, block_n=64, warpgroup_key_trim=True),
     fa3gen.KernelSpec(head_dim=128, causal=True, block_n=64, pingpong=True, warpgroup_key_trim=True),
     fa3gen.KernelSpec(head_dim=128, causal=True, block_n=64, intra_wg_overlap=False, warpgroup_key_trim=True),
+    # Not causal: only a warpgroup whose rows all lie past seqlen_q (sq = 1, 113; the last tile of
+    # 192-row tiles) trims, taking its pingpong turns without GEMMs. Chained into from a tile
+    # whose last P·V is pending, it passes more blocks than there are stages (the 256 heads).
+    fa3gen.KernelSpec(head_dim=128, pingpong=True, warpgroup_key_trim=True),
+    fa3gen.KernelSpec(head_dim=64, warpgroup_key_trim=True),
     # The narrow edge block beside the registry's (hdim 64 and 192 causal, hdim 256 causal on 64
     # keys): three warpgroups without key trimming (a first block may be hidden from all of a
     # warpgroup's rows), Q in registers on one Q buffer, 80-key blocks (a 40-key WGMMA) with O in
@@ -69,9 +74,10 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, causal=True, dtype="fp16", narrow_edge_block=True),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
-# The last shape has ~8 tiles per CTA: Q buffers wrap around, and tiles chain into each other.
+# The last shapes have ~8 and ~16 tiles per CTA: Q buffers wrap around, and tiles chain into each
+# other (with 256 heads, causal too: more last tiles than CTAs).
 SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (3, 1, 2049, 2, 1), (4, 512, 512, 16, 16),
-          (8, 1000, 1000, 16, 4)]
+          (8, 1000, 1000, 16, 4), (8, 1000, 1000, 32, 8)]
 
 
 @pytest.fixture(scope="module", autouse=True)
