@@ -224,7 +224,8 @@ def _pin_pv_wait_default(fields: dict[str, Any]) -> int:
 # 64) s512 328.1 -> 335.0, s1k 441.6 -> 451.7. e4m3 hdim 128 causal (pingpong, where the cut
 # blocks still take their turns) lost at 16k: 743.4 -> 712.8 (s2k 551.5 -> 567.6). hdim 192
 # causal (128 x 112), two runs: s512 303.1 -> 325.2 and 301.6 -> 324.1, s2k 559.1 -> 584.0 and
-# 564.8 -> 587.4, s16k 715.4 -> 733.6 and 732.0 -> 739.5.
+# 564.8 -> 587.4, s16k 715.4 -> 733.6 and 732.0 -> 739.5. Not causal (where only a warpgroup past
+# seqlen_q trims), hdim 64 (192 x 128, 2026-12-02): within 0.7% either way at every length.
 WARPGROUP_KEY_TRIM_HEAD_DIMS = (64, 192, 256)
 
 
