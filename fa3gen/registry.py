@@ -45,7 +45,10 @@ REGISTRY: dict[str, KernelSpec] = {
 #   stages for the 192-row tiles lost at s512: 387.1 -> 371.2.) 2026-12-02: with each warpgroup's
 #   own key range (warpgroup_key_trim, the last tile's warpgroups past seqlen_q keeping one block)
 #   and the narrow edge block, the 192-row tiles win at every length (two runs, s512 264.5 vs
-#   257.6 and 249.8 vs 248.3, s1k 328.3 vs 323.1 and 322.4 vs 317.1): the entry is gone.
+#   257.6 and 249.8 vs 248.3, s1k 328.3 vs 323.1 and 322.4 vs 317.1). Three stages for them (two
+#   runs, one process): s512 258.6 -> 271.6 and 265.4 -> 277.2, s1k 326.8 -> 330.9 and 324.8 ->
+#   330.6, s2k 407.6 -> 410.9 and 402.9 -> 407.0; s4k 450.7 -> 442.8 and 446.1 -> 438.9 (s16k
+#   +0.4%, +0.8%). Q in registers lost 10% at every length.
 # - hdim 128, not causal: 176-key blocks (FA3's tile; O from registers, one Q buffer) halve the
 #   softmax's share per key: s16k 594 -> 630, s4k 575 -> 578, but s512 435 -> 386, s1k 512 -> 481.
 #   With lazy rescale (2026-11-30, later) the 128-key default gains and keeps s4k: 622 vs 597
@@ -62,6 +65,7 @@ REGISTRY: dict[str, KernelSpec] = {
 #   611 vs 567, causal 418 vs 404; s2k 673 vs 613). With lazy rescale (measured later that day)
 #   64 keys also win causal s1k: 460 vs 448 (graphs 461 vs 448); not causal s1k ties (661 vs 663).
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
+    (64, True): (2048, {"stages": 3}, {}),
     (128, False): (2048, {}, {"q_buffers": 1}),
     (256, False): (512, {"block_n": 64}, {}),
     (256, True): (1024, {"block_n": 64}, {}),

@@ -983,11 +983,10 @@ def test_bench_bwd_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_ops):
     text = capsys.readouterr().out
     assert rc == 0, text
     assert sorted((s.kind, s.head_dim) for s in built) == [("bwd", 64), ("bwd", 256), ("fwd", 64), ("fwd", 256)]
-    # The forward keys carry the query-length bucket: 32 rows take hdim 256's short tiles (hdim 64
-    # causal has one kernel for every length).
+    # The forward keys carry the query-length bucket: 32 rows take the short tiles of both head dims.
     assert sorted(loaded, key=str) == [("bwd", 256, 256, "bf16", True), ("bwd", 64, 64, "bf16", True),
                                        ("fwd", 256, 256, "bf16", True, False, False, False, "short"),
-                                       ("fwd", 64, 64, "bf16", True, False, False, False, None)]
+                                       ("fwd", 64, 64, "bf16", True, False, False, False, "short")]
     assert "| d64 s32 b2 h4 causal bwd |" in text and "| d64 s32 b2 h4 causal fwd |" in text
     assert "| d256 s32 b2 h1 causal bwd |" in text
     res = json.loads(out_json.read_text())
