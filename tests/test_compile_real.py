@@ -67,7 +67,10 @@ NAMES = list(SPECS)
 # reloaded once per query head, none inside the step loop); its producer warpgroup, at 24
 # registers, keeps five of its loops' values there too (reloaded once more with kv_prefetch). It measured faster than the kernel that
 # splits the dQ over both warpgroups without spills: s16k 512.4 -> 558.1 TFLOP/s (H200, 2026-12-01).
-SPILL_BYTES_ALLOWED = {"fwd_d256_bf16_causal": 16, "bwd_d128_bf16_causal": 60}
+# The causal hdim 192 forward (128 x 112, O staged in the V buffer, trimmed, lpt) keeps twelve
+# 4-byte values of its tile setup and epilogue in local memory, none in the key-block loop (it
+# did before the narrow edge block too; 2026-12-02, the fastest hdim 192 kernel measured).
+SPILL_BYTES_ALLOWED = {"fwd_d256_bf16_causal": 16, "fwd_d192_bf16_causal": 48, "bwd_d128_bf16_causal": 60}
 
 
 @pytest.fixture(scope="module")
@@ -153,5 +156,7 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
     if spec.q_registers or spec.kv_registers:
         assert "LDSM" in sass, "no ldmatrix (LDSM) for the operands kept in registers"
     local = re.findall(r"\b(LDL|STL)\b", sass)
+    if spec.kind == "fwd":
+        assert not any(re.search(r"\b(LDL|STL)\b", t) for t in key_block_loop(sass)), "local memory in the key-block loop"
     # A 4-byte value spilled is one STL and (here) one LDL.
     assert len(local) <= 2 * SPILL_BYTES_ALLOWED.get(name, 0) // 4, f"local-memory traffic: {len(local)} LDL/STL instructions"
