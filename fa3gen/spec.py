@@ -239,7 +239,7 @@ def _warpgroup_key_trim_default(fields: dict[str, Any]) -> bool:
 # The narrow edge block (narrow_edge_block) is on by default for the 16-bit causal kernels without a
 # variant of these (head_dim, block_n), where it measured faster. On the H200 (2026-12-02, bf16, 16k
 # tokens, interleaved, two runs in one process, TFLOP/s without -> with): hdim 64 causal 128 x 128
-# pingpong (the registry's up to 1k) s512 239.9 -> 252.6 and 241.6 -> 256.5, s1k 315.1 -> 321.0 and
+# pingpong (then the registry's up to 1k) s512 239.9 -> 252.6 and 241.6 -> 256.5, s1k 315.1 -> 321.0 and
 # 316.6 -> 326.5; 192 x 128 (past 1k) s2k 383.6 -> 395.3 and 383.8 -> 396.2, s4k +2%, s16k +1.7%;
 # hdim 192 causal (128 x 112) s1k +2.6% / +1.5%, s2k +1.3% / +1.9%; hdim 256 causal on 64 keys
 # s512 +2.1% / +0.4%, s1k +0.9% / +1.0%. Not taken: hdim 256 on 80 keys (within 0.3%), hdim 128
