@@ -59,6 +59,10 @@ REGISTRY: dict[str, KernelSpec] = {
 #   s16k 555 -> 601 (s4k 533 -> 508, s512 295 -> 239). With lazy rescale, past 2k the 128-key
 #   tiles with one Q buffer win: s2k 503 (two Q buffers 496), s4k 563 (555), s8k 604 (176 keys 573),
 #   s16k 604 (593). (2026-12-01: they win at every length; REGISTRY_TILES.)
+# - hdim 128, not causal, up to 2k: Q in registers (q_registers) on the chained pingpong tiles,
+#   three A/B runs in three processes (2026-12-01/02, bf16, TFLOP/s): s512 487.2 -> 486.8, 486.8 ->
+#   490.4, 477.5 -> 478.7; s1k 556.5 -> 565.1, 570.0 -> 575.5, 558.0 -> 559.4; s2k 617.9 -> 623.3,
+#   603.6 -> 613.2, 614.2 -> 617.9.
 # - hdim 256, up to 512 queries: 64-key blocks (O staged in the V buffer) instead of the default
 #   80, whose last block of a 512-key row is 60% padding. s512, as CUDA-graph replays: 490 -> 495,
 #   causal 314 -> 321; eager: 456 -> 476, causal 293 -> 302. From 1k on 80 keys win (graphs: s1k
@@ -66,7 +70,7 @@ REGISTRY: dict[str, KernelSpec] = {
 #   64 keys also win causal s1k: 460 vs 448 (graphs 461 vs 448); not causal s1k ties (661 vs 663).
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
     (64, True): (2048, {"stages": 3}, {}),
-    (128, False): (2048, {}, {"q_buffers": 1}),
+    (128, False): (2048, {"q_registers": True}, {"q_buffers": 1}),
     (256, False): (512, {"block_n": 64}, {}),
     (256, True): (1024, {"block_n": 64}, {}),
 }

@@ -142,6 +142,19 @@ LAZY_RESCALE_DEFAULT = True
 LAZY_RESCALE_MIN_HEAD_DIM_V = 128
 # How far a row's max may grow before a lazy rescale raises it: 2^8 in probability.
 LAZY_RESCALE_LOG2 = 8
+# e4m3: the fp8 P is scaled by 2^FP8_PROB_LOG2_SCALE before its cast (small probabilities keep
+# e4m3's normal range); with lazy_rescale by 2^(FP8_PROB_LOG2_SCALE - FP8_LAZY_RESCALE_LOG2), so
+# that a stale max's probabilities, up to 2^FP8_LAZY_RESCALE_LOG2, stay within e4m3 (max 448).
+# Emulated on the CPU (BENCHMARKS.md, P's scale), a factor of 32 instead of 256 costs < 0.04% RMSE.
+FP8_PROB_LOG2_SCALE = 8
+FP8_LAZY_RESCALE_LOG2 = 3
+# e4m3 forward kernels with head_dim_v >= 256 rescale O lazily: measured on the H200 (2026-12-02,
+# scripts/bench_fp8.py, interleaved with the default in one process, 16k tokens) hdim 256 s4k
+# 992.6 -> 997.0 TFLOP/s, s16k 1088.5 -> 1126.7, causal 789.9 -> 789.0 and 939.5 -> 942.5. At
+# hdim 128 (64 O registers a thread) it lost: s4k 726.8 -> 702.9, s16k 786.7 -> 754.3, causal
+# 636.4 -> 624.8 and 731.5 -> 710.0; hdim 64 -1.5% to -7%. The fp8 softmax is latency-bound, so
+# O's 64 multiplies ran in its gaps for free, while the vote and the branch do not.
+FP8_LAZY_RESCALE_MIN_HEAD_DIM_V = 256
 # 16-bit forward kernels with head_dim_v >= 128 reduce each row's max and sum in two chains
 # (row_reduce_chains): measured on the H200 (2026-11-30, bf16, 16k tokens, same process, eager)
 # against one chain: hdim 128 (128 x 128, pingpong, chained) s512 477 -> 491 TFLOP/s, s2k 578 ->
@@ -401,6 +414,15 @@ def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers
             if not ok]
 
 
+def _lazy_rescale_default(data: dict[str, Any]) -> bool:
+    """A forward spec's raw fields: whether it rescales O lazily by default (head_dim_v of at
+    least LAZY_RESCALE_MIN_HEAD_DIM_V at 16 bits, FP8_LAZY_RESCALE_MIN_HEAD_DIM_V for e4m3)."""
+    dv = data.get("head_dim_v")
+    fp8 = data.get("dtype") == "e4m3"
+    return LAZY_RESCALE_DEFAULT and isinstance(dv, int) and \
+        dv >= (FP8_LAZY_RESCALE_MIN_HEAD_DIM_V if fp8 else LAZY_RESCALE_MIN_HEAD_DIM_V)
+
+
 def _sixteen_bit_with_head_dim_v(data: dict[str, Any], min_head_dim_v: int) -> bool:
     """A forward spec's raw fields: 16-bit inputs and head_dim_v >= min_head_dim_v (the lazy
     rescale and the reduction chains pay off only there)."""
@@ -554,8 +576,10 @@ class KernelSpec(BaseModel):
     # Lazy rescale: a key block raises a row's running max (and multiplies O's rows by the
     # correction) only when the max grows by more than a factor 256 in probability, checked per
     # warp; the exact result is kept because O and the row sums share the stale max. Saves the
-    # O multiply of most key blocks. Not for e4m3 (P up to 256 x its own 256 would overflow fp8).
-    # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT).
+    # O multiply of most key blocks. e4m3: P's own factor drops to 2^(8 - FP8_LAZY_RESCALE_LOG2)
+    # and the max may grow by 2^FP8_LAZY_RESCALE_LOG2; O's unit is the largest V scale seen so far.
+    # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT) and for
+    # e4m3 ones with head_dim_v >= 256.
     lazy_rescale: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
@@ -677,7 +701,7 @@ class KernelSpec(BaseModel):
         if data.get("inter_tile_overlap") is None:
             data["inter_tile_overlap"] = INTER_TILE_OVERLAP_DEFAULT and chained
         if data.get("lazy_rescale") is None:
-            data["lazy_rescale"] = LAZY_RESCALE_DEFAULT and _sixteen_bit_with_head_dim_v(data, LAZY_RESCALE_MIN_HEAD_DIM_V)
+            data["lazy_rescale"] = _lazy_rescale_default(data)
         if data.get("programmatic_launch") is None:
             data["programmatic_launch"] = PROGRAMMATIC_LAUNCH_DEFAULT
         if data.get("q_registers") is None:
@@ -749,9 +773,6 @@ class KernelSpec(BaseModel):
                                              ("mask_mod", self.mask_mod is not None)) if on]
         if unsupported:
             raise ValueError(f"dtype='e4m3' supports causal and window masks only, not {', '.join(unsupported)}")
-        if self.lazy_rescale:
-            raise ValueError(f"lazy_rescale is not available for dtype='e4m3': probabilities up to "
-                             f"{2 ** LAZY_RESCALE_LOG2} times the fp8 P's own factor of 256 would overflow e4m3 (max 448)")
         assert self.block_n is not None
         if self.block_n % WGMMA_K_FP8 != 0:
             raise ValueError(f"dtype='e4m3' needs block_n to be a multiple of {WGMMA_K_FP8} (the K of an fp8 P·V "
@@ -957,7 +978,16 @@ class KernelSpec(BaseModel):
     def lazy_rescale_log2(self) -> int:
         """The softmax's kLazyRescaleLog2: how far (log2, in probability) a row's max may grow
         before O is rescaled; -1 without lazy_rescale (rescaled every key block)."""
-        return LAZY_RESCALE_LOG2 if self.lazy_rescale else -1
+        if not self.lazy_rescale:
+            return -1
+        return FP8_LAZY_RESCALE_LOG2 if self.is_fp8 else LAZY_RESCALE_LOG2
+
+    @property
+    def prob_log2_scale(self) -> int:
+        """The softmax's kProbLog2Scale: log2 of P's factor before its cast (fp8 only; 0 at 16 bits)."""
+        if not self.is_fp8:
+            return 0
+        return FP8_PROB_LOG2_SCALE - (FP8_LAZY_RESCALE_LOG2 if self.lazy_rescale else 0)
 
     @property
     def keys_bounded_right(self) -> bool:

@@ -18,6 +18,10 @@ CASES = [  # b, sq, sk, hq, hkv, d, causal, granularity, spec changes
     (1, 300, 130, 2, 2, 256, False, "tensor", {}),
     (1, 200, 333, 4, 2, 128, False, "block", {"pingpong": True}),
     (1, 260, 260, 2, 1, 128, True, "block", {"pingpong": True}),
+    # hdim 256 rescales O lazily (its V unit changes with the block scales), chained or not.
+    (2, 300, 700, 4, 2, 256, False, "block", {}),
+    (1, 500, 500, 2, 1, 256, True, "block", {}),
+    (1, 333, 500, 4, 2, 128, True, "block", {"lazy_rescale": True}),
 ]
 
 for b, sq, sk, hq, hkv, d, causal, granularity, changes in CASES:

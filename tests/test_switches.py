@@ -181,8 +181,8 @@ def test_programmatic_launch_waits_before_global_memory():
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_lazy_rescale_defaults_and_render(head_dim):
-    """Lazy rescale is on by default where O has 64+ registers a thread (head_dim_v >= 128), off
-    for e4m3 (it would overflow the fp8 P) and backward; the skipped multiply is the O rescale,
+    """Lazy rescale is on by default for 16-bit kernels where O has 64+ registers a thread
+    (head_dim_v >= 128) and for e4m3 ones with 128 (head_dim_v 256), off for backward; the skipped multiply is the O rescale,
     under a warp-uniform flag, and the softmax is instantiated with the threshold."""
     spec = KernelSpec(head_dim=head_dim)
     assert spec.lazy_rescale == (head_dim >= 128) and ("_lr" in spec.name) == spec.lazy_rescale
@@ -192,9 +192,15 @@ def test_lazy_rescale_defaults_and_render(head_dim):
     assert "/*kLazyRescaleLog2=*/-1," in off
     assert not KernelSpec(head_dim=head_dim, kind="bwd").lazy_rescale
     if head_dim != 96:
-        assert not KernelSpec(head_dim=head_dim, dtype="e4m3").lazy_rescale
-        with pytest.raises(ValidationError, match="lazy_rescale is not available for dtype='e4m3'"):
-            KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=True)
+        # e4m3: P's factor drops from 2^8 to 2^5 so that a stale max's P (up to 2^3 more) stays in
+        # e4m3; O's V unit changes inside the fp8 softmax's update, not beside it.
+        assert KernelSpec(head_dim=head_dim, dtype="e4m3").lazy_rescale == (head_dim >= 256)
+        lazy = render(KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=True))
+        assert "Fp8LazySoftmax<kRows, /*kProbLog2Scale=*/5, /*kLazyRescaleLog2=*/3," in lazy
+        assert "update(s_rows, rescale, descale, block_descale)" in lazy and ".change_v_unit(" not in lazy
+        eager = render(KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=False))
+        assert "OnlineSoftmax<kRows, /*kProbLog2Scale=*/8, /*kLazyRescaleLog2=*/-1," in eager
+        assert "Fp8LazySoftmax" not in eager and "descale.change_v_unit(block_descale, rescale);" in eager
     with pytest.raises(ValidationError, match="lazy_rescale apply to forward kernels only"):
         KernelSpec(head_dim=head_dim, kind="bwd", lazy_rescale=True)
 

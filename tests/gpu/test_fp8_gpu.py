@@ -48,13 +48,22 @@ INTER_TILE_SPECS = [fa3gen.KernelSpec(head_dim=128, dtype="e4m3", causal=c, inte
 # in two of three tiles).
 INTER_TILE_SPECS.append(fa3gen.KernelSpec(head_dim=128, dtype="e4m3", causal=True, warpgroup_key_trim=True))
 SPECS += INTER_TILE_SPECS
+# Lazy rescale: O in the largest V scale a tile has seen, P biased by each block's V scale below it.
+LAZY_SPECS = [fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=c, lazy_rescale=True)
+              for d in (128, 256) for c in (False, True)]
+SPECS += LAZY_SPECS
+
+
+def profiled(b, s, h, d, seed, profile):
+    """N(0,1) times a magnitude profile along the sequence (a function of the position in [0, 1])."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(b, s, h, d, device="cuda", generator=gen)
+    return x * profile(torch.linspace(0.0, 1.0, s, device="cuda"))[None, :, None, None]
 
 
 def ramped(b, s, h, d, seed):
     """N(0,1) with a magnitude ramp along the sequence (x1 to x3): scale blocks differ."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(b, s, h, d, device="cuda", generator=gen)
-    return x * torch.linspace(1.0, 3.0, s, device="cuda")[None, :, None, None]
+    return profiled(b, s, h, d, seed, lambda x: 1.0 + 2.0 * x)
 
 
 def run_poisoned(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1), kernel=None):
@@ -100,6 +109,22 @@ def test_fp8_inter_tile_overlap(spec):
     for i, (b, sq, sk, hq, hkv) in enumerate([(8, 1000, 1000, 16, 4), (2, 1000, 113, 8, 2), (3, 300, 2049, 4, 4)]):
         q, k, v = (ramped(b, s, h, 128, 50 + 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
         check(fp8.prepare(q, k, v, "block", hadamard=True, seed=i), spec.causal, kernel=kernel)
+
+
+@pytest.mark.parametrize("granularity", ["head", "block"])
+@pytest.mark.parametrize("spec", LAZY_SPECS, ids=lambda s: s.name)
+def test_fp8_lazy_rescale(spec, granularity):
+    """The lazy rescale's two triggers in mid-tile: V's scale blocks rise and fall along the keys
+    with a spike (the unit grows and P's bias changes), and K's magnitude falls along the keys
+    (visited last to first, so the rows' max grows). GQA, ragged, sq != sk, chained tiles."""
+    kernel = fa3gen.compile(spec)
+    waves = lambda x: 1.0 + 2.0 * torch.sin(7.0 * x).abs() + 6.0 * ((x - 0.4).abs() < 0.03)  # noqa: E731
+    falling = lambda x: 2.0 - x  # noqa: E731  (scores stay in the range O_TOLERANCE and LSE_TOLERANCE were measured on)
+    for i, (b, sq, sk, hq, hkv) in enumerate([(2, 1000, 1000, 4, 2), (1, 300, 2049, 4, 4), (8, 1000, 1000, 16, 4)]):
+        q = profiled(b, sq, hq, spec.head_dim, 70 + 10 * i, torch.ones_like)
+        k = profiled(b, sk, hkv, spec.head_dim, 71 + 10 * i, falling)
+        v = profiled(b, sk, hkv, spec.head_dim, 72 + 10 * i, waves)
+        check(fp8.prepare(q, k, v, granularity, hadamard=True, seed=i), spec.causal, kernel=kernel)
 
 
 def test_fp8_fp16_output_and_window():
