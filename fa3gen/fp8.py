@@ -252,7 +252,8 @@ def outlier_inputs(batch: int, seqlen: int, nheads: int, head_dim: int, seed: in
 
 
 # The kernel's factor on P before its e4m3 cast (OnlineSoftmax's kProbLog2Scale = 8); a
-# lazy-rescale kernel scales by 32 (KernelSpec.prob_log2_scale), which moves the RMSE by < 0.04%.
+# lazy-rescale kernel scales by 64 times a block's V ratio to O's unit, in (1/2, 1]
+# (KernelSpec.prob_log2_scale): emulated, a factor of 32 or 64 moves the RMSE by < 0.04%.
 P_SCALE = 256.0
 
 

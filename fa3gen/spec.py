@@ -147,14 +147,23 @@ LAZY_RESCALE_LOG2 = 8
 # that a stale max's probabilities, up to 2^FP8_LAZY_RESCALE_LOG2, stay within e4m3 (max 448).
 # Emulated on the CPU (BENCHMARKS.md, P's scale), a factor of 32 instead of 256 costs < 0.04% RMSE.
 FP8_PROB_LOG2_SCALE = 8
-FP8_LAZY_RESCALE_LOG2 = 3
-# e4m3 forward kernels with head_dim_v >= 256 rescale O lazily: measured on the H200 (2026-12-02,
-# scripts/bench_fp8.py, interleaved with the default in one process, 16k tokens) hdim 256 s4k
-# 992.6 -> 997.0 TFLOP/s, s16k 1088.5 -> 1126.7, causal 789.9 -> 789.0 and 939.5 -> 942.5. At
-# hdim 128 (64 O registers a thread) it lost: s4k 726.8 -> 702.9, s16k 786.7 -> 754.3, causal
-# 636.4 -> 624.8 and 731.5 -> 710.0; hdim 64 -1.5% to -7%. The fp8 softmax is latency-bound, so
-# O's 64 multiplies ran in its gaps for free, while the vote and the branch do not.
-FP8_LAZY_RESCALE_MIN_HEAD_DIM_V = 256
+FP8_LAZY_RESCALE_LOG2 = 2
+# ... and O keeps its V unit while the key blocks' V scales stay within a factor 2^this below it,
+# each block's ratio going into its P: P's effective factor stays within 2^(8 - 2 - 1) = 32 and
+# 64. (With the unit at the largest scale so far and no lower bound, V's outlier-driven scales
+# took P's factor far lower: the FA3 paper experiment's RMSE rose from 8.99e-3 to 9.80e-3.)
+FP8_UNIT_LOG2_RANGE = 1
+# e4m3 forward kernels do not rescale O lazily by default: it is faster from head_dim_v 192 but
+# less accurate. Measured on the H200 (2026-12-02, scripts/bench_fp8.py, interleaved with the
+# eager kernel in one process, 16k tokens, TFLOP/s eager -> lazy): hdim 256 s4k 986.6 -> 1042.3,
+# s16k 1084.0 -> 1161.1, causal 780.1 -> 817.7 and 913.6 -> 970.2; hdim 192 s4k 882.1 -> 925.5,
+# s16k 931.3 -> 977.8, causal +2-4%; hdim 128 -3 to -4% and hdim 64 -1.5 to -7% (the first
+# version). But the FA3 paper experiment's RMSE (outlier inputs, against float64) rose from
+# 8.99e-3 to 9.64e-3 at hdim 128 s2k and from 7.68e-3 to 9.34e-3 at hdim 256 s8k, and more with
+# the sequence; not understood (P's coarser factor, emulated, costs < 0.04%). Opt in with
+# lazy_rescale=True where speed matters more than the last 10-20% of RMSE.
+FP8_LAZY_RESCALE_DEFAULT = False
+FP8_LAZY_RESCALE_MIN_HEAD_DIM_V = 192
 # 16-bit forward kernels with head_dim_v >= 128 reduce each row's max and sum in two chains
 # (row_reduce_chains): measured on the H200 (2026-11-30, bf16, 16k tokens, same process, eager)
 # against one chain: hdim 128 (128 x 128, pingpong, chained) s512 477 -> 491 TFLOP/s, s2k 578 ->
@@ -416,11 +425,11 @@ def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers
 
 def _lazy_rescale_default(data: dict[str, Any]) -> bool:
     """A forward spec's raw fields: whether it rescales O lazily by default (head_dim_v of at
-    least LAZY_RESCALE_MIN_HEAD_DIM_V at 16 bits, FP8_LAZY_RESCALE_MIN_HEAD_DIM_V for e4m3)."""
+    least LAZY_RESCALE_MIN_HEAD_DIM_V at 16 bits; e4m3 only with FP8_LAZY_RESCALE_DEFAULT)."""
     dv = data.get("head_dim_v")
-    fp8 = data.get("dtype") == "e4m3"
-    return LAZY_RESCALE_DEFAULT and isinstance(dv, int) and \
-        dv >= (FP8_LAZY_RESCALE_MIN_HEAD_DIM_V if fp8 else LAZY_RESCALE_MIN_HEAD_DIM_V)
+    if data.get("dtype") == "e4m3":
+        return FP8_LAZY_RESCALE_DEFAULT and isinstance(dv, int) and dv >= FP8_LAZY_RESCALE_MIN_HEAD_DIM_V
+    return LAZY_RESCALE_DEFAULT and isinstance(dv, int) and dv >= LAZY_RESCALE_MIN_HEAD_DIM_V
 
 
 def _sixteen_bit_with_head_dim_v(data: dict[str, Any], min_head_dim_v: int) -> bool:
@@ -578,8 +587,8 @@ class KernelSpec(BaseModel):
     # warp; the exact result is kept because O and the row sums share the stale max. Saves the
     # O multiply of most key blocks. e4m3: P's own factor drops to 2^(8 - FP8_LAZY_RESCALE_LOG2)
     # and the max may grow by 2^FP8_LAZY_RESCALE_LOG2; O's unit is the largest V scale seen so far.
-    # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT) and for
-    # e4m3 ones with head_dim_v >= 256.
+    # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT); off for
+    # e4m3 (faster from head_dim_v 192, but less accurate: FP8_LAZY_RESCALE_DEFAULT).
     lazy_rescale: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
@@ -981,6 +990,12 @@ class KernelSpec(BaseModel):
         if not self.lazy_rescale:
             return -1
         return FP8_LAZY_RESCALE_LOG2 if self.is_fp8 else LAZY_RESCALE_LOG2
+
+    @property
+    def fp8_unit_log2_range(self) -> int:
+        """Fp8LazySoftmax's kUnitLog2Range: how far (log2) below O's V unit a key block's V scale
+        may lie before the unit moves to it (and O is rescaled)."""
+        return FP8_UNIT_LOG2_RANGE
 
     @property
     def prob_log2_scale(self) -> int:

@@ -22,6 +22,7 @@ CASES = [  # b, sq, sk, hq, hkv, d, causal, granularity, spec changes
     (2, 300, 700, 4, 2, 256, False, "block", {}),
     (1, 500, 500, 2, 1, 256, True, "block", {}),
     (1, 333, 500, 4, 2, 128, True, "block", {"lazy_rescale": True}),
+    (1, 400, 300, 2, 2, 192, False, "block", {}),
 ]
 
 for b, sq, sk, hq, hkv, d, causal, granularity, changes in CASES:
