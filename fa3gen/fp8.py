@@ -84,8 +84,11 @@ def _expand_scale(q: Quantized, shape: torch.Size) -> torch.Tensor:
     return rows[..., None]
 
 
-def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_size: int = 128) -> Quantized:
-    """Quantizes x (batch, seqlen, nheads, head_dim) to float8_e4m3fn, scaled per `granularity`."""
+def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_size: int = 128,
+                  power_of_two: bool = False) -> Quantized:
+    """Quantizes x (batch, seqlen, nheads, head_dim) to float8_e4m3fn, scaled per `granularity`.
+    power_of_two: each scale rounded up to a power of two (e4m3 is floating point, so this costs
+    its values next to no precision, and ratios of scales stay exact)."""
     _check_bshd(x)
     if granularity not in ("tensor", "head", "block"):
         raise ValueError(f"granularity must be 'tensor', 'head' or 'block', got {granularity!r}")
@@ -107,6 +110,8 @@ def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_siz
     smallest = torch.where(amax > 0, amax, torch.inf).amin()  # no host sync
     fill = torch.where(smallest.isinf(), E4M3_MAX, smallest)
     scale = (torch.where(amax > 0, amax, fill) / E4M3_MAX).float()
+    if power_of_two:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q = Quantized(torch.empty(0), scale, granularity, block_size if granularity == "block" else None)
     data = (xf / _expand_scale(q, xf.shape)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return Quantized(data, scale, granularity, q.block_size)
@@ -172,7 +177,8 @@ def default_block_rows(head_dim: int) -> tuple[int, int]:
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Granularity = "block",
-            block_size: int | tuple[int, int] | None = None, hadamard: bool = True, seed: int = 0) -> Fp8Inputs:
+            block_size: int | tuple[int, int] | None = None, hadamard: bool = True, seed: int = 0,
+            power_of_two_scales: bool = True) -> Fp8Inputs:
     """FP8 inputs for ``fa3gen.fp8_ops.flash_attn_fp8_func`` from 16- or 32-bit q, k, v
     (batch, seqlen, nheads, head_dim): Q and K through the random-sign Hadamard transform (when
     `hadamard`; it leaves Q·Kᵀ unchanged), all three quantized to e4m3 with one scale per tensor,
@@ -181,6 +187,10 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     block_size: rows per scale block, for Q and for K/V (an int for both, or a (q, kv) pair); the
     kernel needs them to be multiples of its tiles' rows. None: one tile of the default kernel
     (``default_block_rows(head_dim)``, e.g. 128 query and 192 key rows at hdim 128).
+
+    power_of_two_scales: scales rounded up to powers of two (``quantize_e4m3``). A lazy-rescale
+    kernel moves V's block factors into P, exactly only when their ratios are powers of two; and
+    on the FA3 paper's experiment (emulated) they also lower the RMSE at 8k (9.42e-3 -> 8.96e-3).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_bshd(t, name)
@@ -192,7 +202,8 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
         q_rows, kv_rows = block_size
     if hadamard:
         q, k = incoherent(q, k, seed)
-    qq, kq, vq = (quantize_e4m3(t, granularity, rows) for t, rows in ((q, q_rows), (k, kv_rows), (v, kv_rows)))
+    qq, kq, vq = (quantize_e4m3(t, granularity, rows, power_of_two_scales)
+                  for t, rows in ((q, q_rows), (k, kv_rows), (v, kv_rows)))
     vt = Quantized(v_kernel_layout(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True)
     return Fp8Inputs(qq, kq, vt, int(v.shape[1]), seed if hadamard else None)
 

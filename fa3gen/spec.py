@@ -160,8 +160,12 @@ FP8_UNIT_LOG2_RANGE = 1
 # s16k 931.3 -> 977.8, causal +2-4%; hdim 128 -3 to -4% and hdim 64 -1.5 to -7% (the first
 # version). But the FA3 paper experiment's RMSE (outlier inputs, against float64) rose from
 # 8.99e-3 to 9.64e-3 at hdim 128 s2k and from 7.68e-3 to 9.34e-3 at hdim 256 s8k, and more with
-# the sequence; not understood (P's coarser factor, emulated, costs < 0.04%). Opt in with
-# lazy_rescale=True where speed matters more than the last 10-20% of RMSE.
+# the sequence. The cause (found by a float64 emulation that reproduced it): a V ratio that is not
+# a power of two makes the row max's P (exactly 2^k otherwise) inexact in e4m3, and with peaked
+# attention that key dominates. fp8.prepare now rounds scales to powers of two: then lazy and eager
+# agree (hdim 128 s2k 8.97e-3 / 8.99e-3, hdim 256 s8k 7.65e-3 / 7.70e-3) and lazy still gains
+# (hdim 256 s16k 1104.0 -> 1152.8, causal 944.5 -> 967.9). Still opt-in: scales from elsewhere
+# (quantize_e4m3 without power_of_two, the caller's own) would lose the accuracy again.
 FP8_LAZY_RESCALE_DEFAULT = False
 FP8_LAZY_RESCALE_MIN_HEAD_DIM_V = 192
 # 16-bit forward kernels with head_dim_v >= 128 reduce each row's max and sum in two chains

@@ -636,3 +636,18 @@ def test_prepare_scale_blocks_default_to_the_kernel_tiles(d) -> None:
     assert x.k.scale.shape == (1, -(-500 // spec.block_n), 2)
     pair = fp8.prepare(q, k, v, block_size=(256, 384))
     assert (pair.q.block_size, pair.k.block_size, pair.v.block_size) == (256, 384, 384)
+
+
+def test_prepare_rounds_scales_to_powers_of_two():
+    """prepare()'s default: every scale a power of two, so a lazy-rescale kernel's ratios of V
+    scales are exact in P; the values still fit e4m3 and dequantize close to the input."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 384, 2, 64, generator=gen) * (1 + i) for i in range(3))
+    inputs = fp8.prepare(q, k, v, "block", 128)
+    for quantized in (inputs.q, inputs.k, inputs.v):
+        exponent = torch.log2(quantized.scale)
+        assert torch.equal(exponent, exponent.round())
+    exact = fp8.prepare(q, k, v, "block", 128, power_of_two_scales=False)
+    assert not torch.equal(torch.log2(exact.v.scale), torch.log2(exact.v.scale).round())
+    qd, kd, vd = inputs.dequantized(torch.float64)
+    assert float((vd - v.double()).abs().max() / v.abs().max()) < 0.07
