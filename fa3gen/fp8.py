@@ -105,8 +105,8 @@ def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_siz
         padded = torch.nn.functional.pad(xf, (0, 0, 0, 0, 0, nblocks * block_size - s))
         amax = padded.view(b, nblocks, block_size, h, d).abs().amax(dim=(2, 4))  # (b, nblocks, h)
     # Any scale is exact for an all-zero block; it takes the smallest of the others (1 if all are
-    # zero), not 1: a lazy-rescale kernel keeps O in the largest V scale it has seen, and a large
-    # one from an empty block would cost the other blocks' P its precision.
+    # zero), not 1: a lazy-rescale kernel's O unit moves to any larger V scale, and one from an
+    # empty block would force rescales (and shrink the other blocks' ratios) for nothing.
     smallest = torch.where(amax > 0, amax, torch.inf).amin()  # no host sync
     fill = torch.where(smallest.isinf(), E4M3_MAX, smallest)
     scale = (torch.where(amax > 0, amax, fill) / E4M3_MAX).float()

@@ -150,8 +150,8 @@ FP8_PROB_LOG2_SCALE = 8
 FP8_LAZY_RESCALE_LOG2 = 2
 # ... and O keeps its V unit while the key blocks' V scales stay within a factor 2^this below it,
 # each block's ratio going into its P: P's effective factor stays within 2^(8 - 2 - 1) = 32 and
-# 64. (With the unit at the largest scale so far and no lower bound, V's outlier-driven scales
-# took P's factor far lower: the FA3 paper experiment's RMSE rose from 8.99e-3 to 9.80e-3.)
+# 64. (The bound alone did not recover the accuracy the lazy kernels lost, 9.80e-3 -> 9.64e-3 on
+# the FA3 paper experiment against the eager 8.99e-3; power-of-two scales did, see below.)
 FP8_UNIT_LOG2_RANGE = 1
 # e4m3 forward kernels do not rescale O lazily by default: it is faster from head_dim_v 192 but
 # less accurate. Measured on the H200 (2026-12-02, scripts/bench_fp8.py, interleaved with the
@@ -590,9 +590,11 @@ class KernelSpec(BaseModel):
     # correction) only when the max grows by more than a factor 256 in probability, checked per
     # warp; the exact result is kept because O and the row sums share the stale max. Saves the
     # O multiply of most key blocks. e4m3: P's own factor drops to 2^(8 - FP8_LAZY_RESCALE_LOG2)
-    # and the max may grow by 2^FP8_LAZY_RESCALE_LOG2; O's unit is the largest V scale seen so far.
+    # and the max may grow by 2^FP8_LAZY_RESCALE_LOG2; O keeps one V scale as its unit while the
+    # blocks' scales stay within 2^FP8_UNIT_LOG2_RANGE below it, their ratios going into P.
     # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT); off for
-    # e4m3 (faster from head_dim_v 192, but less accurate: FP8_LAZY_RESCALE_DEFAULT).
+    # e4m3 (faster from head_dim_v 192, as accurate only with power-of-two scales:
+    # FP8_LAZY_RESCALE_DEFAULT).
     lazy_rescale: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level

@@ -80,7 +80,7 @@ def test_zero_block_gets_the_smallest_scale_and_no_nan():
     x[0, :128] = torch.randn(128, 1, 64)
     x[0, 256:] = 0.01 * torch.randn(128, 1, 64)
     qx = fp8.quantize_e4m3(x, "block", 128)
-    # Not 1: a lazy-rescale kernel's O unit follows the largest V scale of a tile.
+    # Not 1: a lazy-rescale kernel's O unit moves to a block's V scale above it.
     assert qx.scale[0, 1, 0] == qx.scale[0, 2, 0] < qx.scale[0, 0, 0] < 0.1
     assert torch.isfinite(qx.dequantize()).all() and (qx.dequantize()[0, 128:256] == 0).all()
     assert (fp8.quantize_e4m3(torch.zeros(1, 256, 1, 64), "block", 128).scale == 1.0).all()

@@ -48,7 +48,8 @@ INTER_TILE_SPECS = [fa3gen.KernelSpec(head_dim=128, dtype="e4m3", causal=c, inte
 # in two of three tiles).
 INTER_TILE_SPECS.append(fa3gen.KernelSpec(head_dim=128, dtype="e4m3", causal=True, warpgroup_key_trim=True))
 SPECS += INTER_TILE_SPECS
-# Lazy rescale: O in the largest V scale a tile has seen, P biased by each block's V scale below it.
+# Lazy rescale: O in one V scale of the tile while the blocks' scales stay within a factor 2 below
+# it, P biased by each block's ratio to it.
 LAZY_SPECS = [fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=c, lazy_rescale=True)
               for d in (128, 256) for c in (False, True)]
 SPECS += LAZY_SPECS
@@ -115,7 +116,7 @@ def test_fp8_inter_tile_overlap(spec):
 @pytest.mark.parametrize("spec", LAZY_SPECS, ids=lambda s: s.name)
 def test_fp8_lazy_rescale(spec, granularity):
     """The lazy rescale's two triggers in mid-tile: V's scale blocks rise and fall along the keys
-    with a spike (the unit grows and P's bias changes), and K's magnitude falls along the keys
+    with a spike (the unit moves and P's bias changes), and K's magnitude falls along the keys
     (visited last to first, so the rows' max grows). GQA, ragged, sq != sk, chained tiles."""
     kernel = fa3gen.compile(spec)
     waves = lambda x: 1.0 + 2.0 * torch.sin(7.0 * x).abs() + 6.0 * ((x - 0.4).abs() < 0.03)  # noqa: E731
