@@ -58,6 +58,17 @@ class Quantized:
     granularity: Granularity
     block_size: int | None = None
     kernel_v_layout: bool = False  # data is V in the e4m3 kernel's layout (v_kernel_layout)
+    # Every scale is a power of two (quantize_e4m3(power_of_two=True)): then ratios of scales are
+    # exact, which the lazy-rescale kernels need of V's block scales (fa3gen.fp8_ops dispatches on
+    # it). The producer's statement, not checked here (that would read the scales back to the host).
+    power_of_two: bool = False
+
+    @property
+    def exact_ratios_along_sequence(self) -> bool:
+        """Whether the ratio of any two of one (batch, head)'s scales is exact: one scale per
+        (batch, head) or tensor, or power-of-two block scales. A lazy-rescale kernel's P carries
+        V's ratios (fa3gen.fp8_ops takes the eager kernel when they are not exact)."""
+        return self.granularity != "block" or self.power_of_two
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.kernel_v_layout:
@@ -114,7 +125,7 @@ def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_siz
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q = Quantized(torch.empty(0), scale, granularity, block_size if granularity == "block" else None)
     data = (xf / _expand_scale(q, xf.shape)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return Quantized(data, scale, granularity, q.block_size)
+    return Quantized(data, scale, granularity, q.block_size, power_of_two=power_of_two)
 
 
 def padded_keys(seqlen_k: int) -> int:
@@ -204,7 +215,8 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
         q, k = incoherent(q, k, seed)
     qq, kq, vq = (quantize_e4m3(t, granularity, rows, power_of_two_scales)
                   for t, rows in ((q, q_rows), (k, kv_rows), (v, kv_rows)))
-    vt = Quantized(v_kernel_layout(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True)
+    vt = Quantized(v_kernel_layout(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True,
+                   power_of_two=vq.power_of_two)
     return Fp8Inputs(qq, kq, vt, int(v.shape[1]), seed if hadamard else None)
 
 
@@ -263,8 +275,8 @@ def outlier_inputs(batch: int, seqlen: int, nheads: int, head_dim: int, seed: in
 
 
 # The kernel's factor on P before its e4m3 cast (OnlineSoftmax's kProbLog2Scale = 8); a
-# lazy-rescale kernel scales by 64 times a block's V ratio to O's unit, in (1/2, 1]
-# (KernelSpec.prob_log2_scale): emulated, a factor of 32 or 64 moves the RMSE by < 0.04%.
+# lazy-rescale kernel scales by 64 times a block's V ratio to O's unit, in (1/4, 1]
+# (KernelSpec.prob_log2_scale): emulated, a factor of 16 to 64 moves the RMSE by < 0.04%.
 P_SCALE = 256.0
 
 

@@ -29,8 +29,12 @@ _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _FP8 = torch.float8_e4m3fn
 
 
-def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool):
-    key = ("e4m3", int(head_dim), int(head_dim_v), out_dtype, bool(causal), bool(window))
+def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool,
+                power_of_two_v_scales: bool = True):
+    """The default e4m3 kernel (registry.default_fp8_spec), memoized; power_of_two_v_scales=False
+    (V's block ratios inexact) takes the eager rescale where the default is lazy."""
+    key = ("e4m3", int(head_dim), int(head_dim_v), out_dtype, bool(causal), bool(window),
+           bool(power_of_two_v_scales))
     kern = ops._KERNELS.get(key)
     return kern if kern is not None else ops._compile_memoized(key, "default_fp8_spec", key[1:])
 
@@ -113,6 +117,25 @@ def _params(x: Fp8Inputs, out: torch.Tensor, lse: torch.Tensor, softmax_scale: f
     return p
 
 
+def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: bool, kernel: Any = None):
+    """The kernel to run on these inputs: the default one (eager where V's block ratios are
+    inexact), or the caller's, checked against them."""
+    d, dv = inputs.q.data.shape[-1], inputs.v.data.shape[2]
+    exact_v_ratios = inputs.v.exact_ratios_along_sequence
+    if kernel is None:
+        kernel = _kernel_for(d, dv, out_dtype, causal, window, exact_v_ratios)
+    spec = kernel.spec
+    if spec.causal != causal:
+        raise ValueError(f"fa3gen: kernel {spec.name} is {'' if spec.causal else 'not '}causal but causal={causal}")
+    if (spec.dtype, spec.head_dim, spec.head_dim_v, spec.out_dtype) != ("e4m3", d, dv, out_dtype):
+        raise ValueError(f"fa3gen: kernel {spec.name} does not take e4m3 head dims ({d}, {dv}) to {out_dtype}")
+    if spec.lazy_rescale and not exact_v_ratios:
+        raise ValueError(f"fa3gen: kernel {spec.name} rescales O lazily, as accurate as the eager rescale only "
+                         "when V's block scales are powers of two, and these are not marked so (power_of_two: "
+                         "fa3gen.fp8.prepare's default); pass a spec with lazy_rescale=False")
+    return kernel
+
+
 def flash_attn_fp8_func(inputs: Fp8Inputs, softmax_scale: float | None = None, causal: bool = False,
                         return_lse: bool = False, window_size: tuple[int, int] = (-1, -1),
                         out_dtype: torch.dtype = torch.bfloat16, kernel: Any = None):
@@ -131,14 +154,7 @@ def flash_attn_fp8_func(inputs: Fp8Inputs, softmax_scale: float | None = None, c
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     variant = VariantArgs(tuple(window_size))
     variant.check()
-    if kernel is None:
-        kernel = _kernel_for(d, dv, _OUT_DTYPES[out_dtype], causal, variant.window)
-    spec = kernel.spec
-    if spec.causal != bool(causal):
-        raise ValueError(f"fa3gen: kernel {spec.name} is {'' if spec.causal else 'not '}causal but causal={causal}")
-    if (spec.dtype, spec.head_dim, spec.head_dim_v, spec.out_dtype) != ("e4m3", d, dv, _OUT_DTYPES[out_dtype]):
-        raise ValueError(f"fa3gen: kernel {spec.name} does not take e4m3 head dims ({d}, {dv}) to "
-                         f"{_OUT_DTYPES[out_dtype]}")
+    kernel = _checked_kernel(inputs, _OUT_DTYPES[out_dtype], bool(causal), variant.window, kernel)
     out = torch.empty((b, sq, hq, dv), dtype=out_dtype, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     if out.numel() == 0:

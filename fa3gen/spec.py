@@ -149,10 +149,13 @@ LAZY_RESCALE_LOG2 = 8
 FP8_PROB_LOG2_SCALE = 8
 FP8_LAZY_RESCALE_LOG2 = 2
 # ... and O keeps its V unit while the key blocks' V scales stay within a factor 2^this below it,
-# each block's ratio going into its P: P's effective factor stays within 2^(8 - 2 - 1) = 32 and
-# 64. (The bound alone did not recover the accuracy the lazy kernels lost, 9.80e-3 -> 9.64e-3 on
-# the FA3 paper experiment against the eager 8.99e-3; power-of-two scales did, see below.)
-FP8_UNIT_LOG2_RANGE = 1
+# each block's ratio going into its P: P's effective factor stays within (2^(8 - 2 - 2), 2^(8 - 2)]
+# = (16, 64]; with power-of-two scales (the lazy kernels' inputs) a block at half the unit keeps
+# it at a factor 32, where a range of 1 let only equal scales keep it, so V scales alternating
+# between two powers of two rescaled O every block. (The bound alone did not recover the accuracy
+# the first lazy kernels lost, 9.80e-3 -> 9.64e-3 on the FA3 paper experiment against the eager
+# 8.99e-3; power-of-two scales did, see below.)
+FP8_UNIT_LOG2_RANGE = 2
 # e4m3 forward kernels do not rescale O lazily by default: it is faster from head_dim_v 192 but
 # less accurate. Measured on the H200 (2026-12-02, scripts/bench_fp8.py, interleaved with the
 # eager kernel in one process, 16k tokens, TFLOP/s eager -> lazy): hdim 256 s4k 986.6 -> 1042.3,
@@ -164,9 +167,11 @@ FP8_UNIT_LOG2_RANGE = 1
 # a power of two makes the row max's P (exactly 2^k otherwise) inexact in e4m3, and with peaked
 # attention that key dominates. fp8.prepare now rounds scales to powers of two: then lazy and eager
 # agree (hdim 128 s2k 8.97e-3 / 8.99e-3, hdim 256 s8k 7.65e-3 / 7.70e-3) and lazy still gains
-# (hdim 256 s16k 1104.0 -> 1152.8, causal 944.5 -> 967.9). Still opt-in: scales from elsewhere
-# (quantize_e4m3 without power_of_two, the caller's own) would lose the accuracy again.
-FP8_LAZY_RESCALE_DEFAULT = False
+# (hdim 256 s16k 1104.0 -> 1152.8, causal 944.5 -> 967.9). So the default from head_dim_v 192;
+# V scales per block that are not all powers of two (quantize_e4m3 without power_of_two, the
+# caller's own) would lose the accuracy again, and get the eager kernel instead
+# (fa3gen.fp8_ops picks it; registry.default_fp8_spec(power_of_two_v_scales=False)).
+FP8_LAZY_RESCALE_DEFAULT = True
 FP8_LAZY_RESCALE_MIN_HEAD_DIM_V = 192
 # 16-bit forward kernels with head_dim_v >= 128 reduce each row's max and sum in two chains
 # (row_reduce_chains): measured on the H200 (2026-11-30, bf16, 16k tokens, same process, eager)
@@ -429,7 +434,7 @@ def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers
 
 def _lazy_rescale_default(data: dict[str, Any]) -> bool:
     """A forward spec's raw fields: whether it rescales O lazily by default (head_dim_v of at
-    least LAZY_RESCALE_MIN_HEAD_DIM_V at 16 bits; e4m3 only with FP8_LAZY_RESCALE_DEFAULT)."""
+    least LAZY_RESCALE_MIN_HEAD_DIM_V at 16 bits, FP8_LAZY_RESCALE_MIN_HEAD_DIM_V for e4m3)."""
     dv = data.get("head_dim_v")
     if data.get("dtype") == "e4m3":
         return FP8_LAZY_RESCALE_DEFAULT and isinstance(dv, int) and dv >= FP8_LAZY_RESCALE_MIN_HEAD_DIM_V
@@ -592,8 +597,9 @@ class KernelSpec(BaseModel):
     # O multiply of most key blocks. e4m3: P's own factor drops to 2^(8 - FP8_LAZY_RESCALE_LOG2)
     # and the max may grow by 2^FP8_LAZY_RESCALE_LOG2; O keeps one V scale as its unit while the
     # blocks' scales stay within 2^FP8_UNIT_LOG2_RANGE below it, their ratios going into P.
-    # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT); off for
-    # e4m3 (faster from head_dim_v 192, as accurate only with power-of-two scales:
+    # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT) and for
+    # e4m3 from head_dim_v 192 (faster there; as accurate as the eager kernel only with V's block
+    # scales powers of two, which fa3gen.fp8_ops checks before it picks the kernel:
     # FP8_LAZY_RESCALE_DEFAULT).
     lazy_rescale: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the

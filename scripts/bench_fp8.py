@@ -8,6 +8,7 @@ cost of the input preparation (v_kernel_layout alone, and all of fa3gen.fp8.prep
 attention implementations of a case are timed interleaved (fa3gen.bench.time_cuda_ms_interleaved).
 
 Usage: python scripts/bench_fp8.py [--hdim 64,128,256] [--seqlens 4096,16384] [--json out.json]
+                                  [--v-alternating]  # V's block scales alternate between two powers of two
                                   [--tiles]   # also time the alternative tiles in TILE_CANDIDATES
                                   [--spec JSON ...]  # and these e4m3 specs, each on its head dim
 Candidates run on inputs with one scale per tile of their own tiles, as the default does, and
@@ -76,9 +77,13 @@ def gemm_ceilings() -> dict[str, float]:
     return {"scaled_mm_fp8": 2 * n**3 / ms_fp8 / 1e9, "matmul_bf16": matmul_bf16_tflops("cuda", *TIMING)}
 
 
-def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: tuple[dict, ...] = ()) -> dict:
+def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: tuple[dict, ...] = (),
+             v_alternating: bool = False) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    if v_alternating:  # V's magnitude 1x / 2x in alternate key blocks: their power-of-two scales alternate
+        rows = fp8.default_block_rows(d)[1]
+        v = v * (1 + (torch.arange(s, device="cuda") // rows % 2))[None, :, None, None].to(v.dtype)
     scale = 1 / math.sqrt(d)
     inputs = fp8.prepare(q, k, v, "block", hadamard=True)  # one scale per tile of Q, K and V
     flops = attn_fwd_flops(b, h, s, s, d, causal)
@@ -138,6 +143,8 @@ def main() -> int:
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--json")
     ap.add_argument("--tiles", action="store_true", help="also time the tiles in TILE_CANDIDATES")
+    ap.add_argument("--v-alternating", action="store_true",
+                    help="V's magnitude doubles in every other key block (its scales alternate between two powers of two)")
     ap.add_argument("--spec", action="append", default=[],
                     help="also time this e4m3 spec (JSON fields) on the cases of its head_dim and causal")
     args = ap.parse_args()
@@ -149,7 +156,7 @@ def main() -> int:
     rows = []
     hdims, seqlens = ([int(x) for x in a.split(",")] for a in (args.hdim, args.seqlens))
     for d, s, b, h, causal in bench_cases(hdims, seqlens, (False, True)):
-        r = run_case(d, s, b, h, causal, args.tiles, tuple(json.loads(x) for x in args.spec))
+        r = run_case(d, s, b, h, causal, args.tiles, tuple(json.loads(x) for x in args.spec), args.v_alternating)
         rows.append(r)
         tf, ms = r["tflops"], r["ms"]
         print(f"| d{d} s{s} b{b} h{h}{' causal' if causal else ''} | {tf['fp8']:.1f} | "

@@ -15,7 +15,7 @@ import torch
 from pydantic import ValidationError
 
 import fa3gen
-from fa3gen import abi, fp8, fp8_ops, registry
+from fa3gen import abi, fp8, fp8_ops, ops, registry
 from fa3gen.reference import attention_reference
 from fa3gen.spec import FP8_TILES, SMEM_BUDGET_BYTES, KernelSpec
 
@@ -250,6 +250,60 @@ def test_default_fp8_spec_outside_the_registry():
     assert d192.head_dim == 192 and d192.is_fp8 and registry.registry_name(d192) is None
     with pytest.raises(ValueError, match="e4m3' supports head dims"):  # no fp8 kernel was run at 96
         registry.default_fp8_spec(96, 96, "bf16", False)
+
+
+@pytest.mark.parametrize("d", sorted(FP8_TILES))
+def test_default_fp8_spec_lazy_only_with_power_of_two_v_scales(d):
+    """From head_dim_v 192 the default kernel rescales lazily (the registry's hdim 256 too); V
+    scales that are not powers of two get the eager kernel; below 192 both are the eager one."""
+    for causal in (False, True):
+        default = registry.default_fp8_spec(d, d, "bf16", causal)
+        eager = registry.default_fp8_spec(d, d, "bf16", causal, power_of_two_v_scales=False)
+        assert default.lazy_rescale == (d >= 192) and not eager.lazy_rescale
+        assert (default == eager) == (d < 192)
+        assert default.model_copy(update={"lazy_rescale": False}) == eager
+    assert registry.REGISTRY["fwd_d256_e4m3"].lazy_rescale and not registry.REGISTRY["fwd_d128_e4m3"].lazy_rescale
+
+
+def _exact_and_inexact_v_inputs(d: int) -> tuple[fp8.Fp8Inputs, fp8.Fp8Inputs, fp8.Fp8Inputs]:
+    """Block scales rounded to powers of two (prepare's default), block scales as they come, and
+    one scale per (batch, head) as it comes (one ratio along the keys: exact)."""
+    q, k, v = _gqa_inputs(d)
+    v = v * torch.linspace(1.0, 3.0, v.shape[1])[None, :, None, None]  # the scale blocks differ
+    return (fp8.prepare(q, k, v), fp8.prepare(q, k, v, power_of_two_scales=False),
+            fp8.prepare(q, k, v, "head", power_of_two_scales=False))
+
+
+def test_v_ratios_exact_only_for_power_of_two_or_single_scales():
+    exact, inexact, per_head = _exact_and_inexact_v_inputs(256)
+    assert exact.v.power_of_two and exact.v.exact_ratios_along_sequence
+    assert not inexact.v.power_of_two and not inexact.v.exact_ratios_along_sequence
+    assert not per_head.v.power_of_two and per_head.v.exact_ratios_along_sequence
+    assert fp8.quantize_e4m3(torch.randn(1, 8, 1, 64), "tensor").exact_ratios_along_sequence
+
+
+def test_checked_kernel_takes_the_eager_kernel_for_inexact_v_ratios(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(fa3gen, "compile", lambda spec: compiled.append(spec) or type("K", (), {"spec": spec})())
+    monkeypatch.setattr(ops, "_KERNELS", {})
+    exact, inexact, per_head = _exact_and_inexact_v_inputs(256)
+    assert fp8_ops._checked_kernel(exact, "bf16", False, False).spec is registry.REGISTRY["fwd_d256_e4m3"]
+    assert not fp8_ops._checked_kernel(inexact, "bf16", False, False).spec.lazy_rescale
+    assert fp8_ops._checked_kernel(per_head, "bf16", True, False).spec is registry.REGISTRY["fwd_d256_e4m3_causal"]
+    assert len(compiled) == 3
+
+
+def test_checked_kernel_refuses_a_lazy_kernel_for_inexact_v_ratios():
+    exact, inexact, per_head = _exact_and_inexact_v_inputs(128)
+    lazy = type("K", (), {"spec": KernelSpec(head_dim=128, dtype="e4m3", lazy_rescale=True)})()
+    for ok in (exact, per_head):
+        assert fp8_ops._checked_kernel(ok, "bf16", False, False, lazy) is lazy
+    with pytest.raises(ValueError, match=r"rescales O lazily.*not marked so.*lazy_rescale=False"):
+        fp8_ops._checked_kernel(inexact, "bf16", False, False, lazy)
+    with pytest.raises(ValueError, match=r"is not causal but causal=True"):
+        fp8_ops._checked_kernel(exact, "bf16", True, False, lazy)
+    with pytest.raises(ValueError, match=r"does not take e4m3 head dims \(128, 128\) to fp16"):
+        fp8_ops._checked_kernel(exact, "fp16", False, False, lazy)
 
 
 @pytest.mark.parametrize("out", ["float32", "e4m3", torch.float8_e4m3fn])
