@@ -5,7 +5,7 @@ Each backend runs --calls times on the same inputs (16k tokens, hidden 2048, bf1
 after one untimed call that loads the kernel; the profiler picks the launches it wants by name.
 --fp8 runs fa3gen's e4m3 kernel on fa3gen.fp8.prepare'd inputs instead (one scale per tile), and
 --spec JSON its kernel for a spec with these extra fields (e.g. '{"block_n": 128}'), each
-after the default kernel.
+after the default kernel; --granularity their scales (block: one per tile, the default).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--spec", action="append", default=[])
+    ap.add_argument("--granularity", default="block", choices=["tensor", "head", "block"], help="--fp8's scales")
     args = ap.parse_args()
     d, s = args.hdim, args.seqlen
     b, h = 16384 // s, 2048 // d
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     if args.fp8:
-        profile_fp8(q, k, v, args.causal, args.calls, [json.loads(x) for x in args.spec])
+        profile_fp8(q, k, v, args.causal, args.calls, [json.loads(x) for x in args.spec], args.granularity)
         print(f"profiled fp8 d{d} s{s} b{b} h{h} causal={args.causal}: {args.calls} calls per kernel")
         return
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -51,12 +52,13 @@ def main() -> None:
 
 
 def profile_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, calls: int,
-                extra: list[dict]) -> None:
+                extra: list[dict], granularity: str = "block") -> None:
     d = q.shape[-1]
     specs = [fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **f) for f in extra]
     # Each kernel on inputs with one scale per tile of its own tiles (None: the default kernel).
-    runs = [(None, fp8.prepare(q, k, v, "block", hadamard=True))]
-    runs += [(fa3gen.compile(s), fp8.prepare(q, k, v, "block", (s.block_m, s.block_n), hadamard=True)) for s in specs]
+    runs = [(None, fp8.prepare(q, k, v, granularity, hadamard=True))]
+    runs += [(fa3gen.compile(s), fp8.prepare(q, k, v, granularity, (s.block_m, s.block_n), hadamard=True))
+             for s in specs]
     for kernel, inputs in runs:
         fp8_ops.flash_attn_fp8_func(inputs, None, causal, kernel=kernel)
     torch.cuda.synchronize()
