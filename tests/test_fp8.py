@@ -263,6 +263,8 @@ def test_default_fp8_spec_lazy_only_with_power_of_two_v_scales(d):
         assert (default == eager) == (d < 192)
         assert default.model_copy(update={"lazy_rescale": False}) == eager
     assert registry.REGISTRY["fwd_d256_e4m3"].lazy_rescale and not registry.REGISTRY["fwd_d128_e4m3"].lazy_rescale
+    # Window kernels keep the eager rescale (spec.FP8_LAZY_RESCALE_DEFAULT: the lazy one hung once).
+    assert not any(registry.default_fp8_spec(d, d, "bf16", c, window=True).lazy_rescale for c in (False, True))
 
 
 def _exact_and_inexact_v_inputs(d: int) -> tuple[fp8.Fp8Inputs, fp8.Fp8Inputs, fp8.Fp8Inputs]:

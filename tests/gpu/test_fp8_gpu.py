@@ -57,6 +57,8 @@ SPECS += LAZY_SPECS
 EAGER_FALLBACK_SPECS = [fa3gen.registry.default_fp8_spec(256, 256, "bf16", c, power_of_two_v_scales=False)
                         for c in (False, True)]
 SPECS += EAGER_FALLBACK_SPECS
+WINDOW_SPEC = fa3gen.registry.default_fp8_spec(256, 256, "bf16", True, window=True)  # eager (spec.py)
+SPECS.append(WINDOW_SPEC)
 
 
 def profiled(b, s, h, d, seed, profile):
@@ -165,6 +167,22 @@ def test_fp8_fp16_output_and_window():
     inputs = fp8.prepare(q, k, v, "block", (256, 384))  # scale blocks of two tiles (128 x 192)
     check(inputs, False, out_dtype=torch.float16)
     check(inputs, True, window=(256, 0))
+
+
+def test_fp8_hdim_256_window():
+    """hdim 256 with a sliding window (its default kernel rescales eagerly, unlike the plain one):
+    key blocks outside the band skipped, the band's edge blocks masked; block and per-head scales;
+    20 launches back to back finish (the lazy window kernel once hung there)."""
+    assert not WINDOW_SPEC.lazy_rescale and fa3gen.registry.default_fp8_spec(256, 256, "bf16", True).lazy_rescale
+    q, k, v = (ramped(2, 1000, 4, 256, 20 + j) for j in range(3))
+    inputs = fp8.prepare(q, k, v, "block", hadamard=True)
+    check(inputs, True, window=(300, 0))
+    check(fp8.prepare(q, k, v, "head", hadamard=True), True, window=(300, 0))
+    q, k, v = (ramped(4, 4096, 8, 256, 30 + j) for j in range(3))
+    inputs = fp8.prepare(q, k, v, "block", hadamard=True)
+    for _ in range(20):
+        fp8_ops.flash_attn_fp8_func(inputs, causal=True, window_size=(1024, 0))
+    torch.cuda.synchronize()
 
 
 def test_fp8_attention_end_to_end_bf16():
