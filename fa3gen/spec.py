@@ -156,8 +156,8 @@ FP8_LAZY_RESCALE_LOG2 = 2
 # the first lazy kernels lost, 9.80e-3 -> 9.64e-3 on the FA3 paper experiment against the eager
 # 8.99e-3; power-of-two scales did, see below.)
 FP8_UNIT_LOG2_RANGE = 2
-# e4m3 forward kernels do not rescale O lazily by default: it is faster from head_dim_v 192 but
-# less accurate. Measured on the H200 (2026-12-02, scripts/bench_fp8.py, interleaved with the
+# e4m3 forward kernels rescale O lazily by default from head_dim_v 192, where it is faster; it was
+# opt-in while it was less accurate. Measured on the H200 (2026-12-02, scripts/bench_fp8.py, interleaved with the
 # eager kernel in one process, 16k tokens, TFLOP/s eager -> lazy): hdim 256 s4k 986.6 -> 1042.3,
 # s16k 1084.0 -> 1161.1, causal 780.1 -> 817.7 and 913.6 -> 970.2; hdim 192 s4k 882.1 -> 925.5,
 # s16k 931.3 -> 977.8, causal +2-4%; hdim 128 -3 to -4% and hdim 64 -1.5 to -7% (the first
