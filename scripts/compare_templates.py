@@ -39,11 +39,11 @@ def compile_from(templates: Path | None, spec: fa3gen.KernelSpec):
         del os.environ["FA3GEN_TEMPLATES_DIR"]
 
 
-def calls_of(spec: fa3gen.KernelSpec, kernel, q, k, v, granularity: str):
+def call_of(spec: fa3gen.KernelSpec, kernel, inputs):
+    """One launch of kernel on inputs: (q, k, v), or Fp8Inputs for an e4m3 spec."""
     if spec.is_fp8:
-        inputs = fp8.prepare(q, k, v, granularity, (spec.block_m, spec.block_n), hadamard=True)
         return lambda: fp8_ops.flash_attn_fp8_func(inputs, None, spec.causal, kernel=kernel)
-    return lambda: kernel(q, k, v)
+    return lambda: kernel(*inputs)
 
 
 def main(argv: list[str]) -> int:
@@ -63,7 +63,10 @@ def main(argv: list[str]) -> int:
             gen = torch.Generator(device="cuda").manual_seed(s + d)
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[spec.dtype], generator=gen) for _ in range(3))
             for granularity in args.granularity.split(",") if spec.is_fp8 else ["-"]:
-                fns = {name: calls_of(spec, kern, q, k, v, granularity) for name, kern in (("old", old), ("new", new))}
+                # Both kernels on the same inputs (fp8: quantized once, one scale per tile).
+                inputs = (fp8.prepare(q, k, v, granularity, (spec.block_m, spec.block_n), hadamard=True)
+                          if spec.is_fp8 else (q, k, v))
+                fns = {name: call_of(spec, kern, inputs) for name, kern in (("old", old), ("new", new))}
                 out_old, out_new = (fns[name]().float() for name in ("old", "new"))
                 diff = float((out_old - out_new).norm() / out_old.norm())
                 ms = time_cuda_ms_interleaved(fns, 5, 20, 20.0)
