@@ -21,6 +21,7 @@ import torch
 from fa3gen import ops
 from fa3gen.abi import Descale, FwdParams
 from fa3gen.fp8 import Fp8Inputs, Granularity, Quantized, padded_keys, prepare
+from fa3gen.spec import _lazy_rescale_default
 from fa3gen.variant_args import VariantArgs
 
 __all__ = ["flash_attn_fp8_func", "fp8_attention"]
@@ -33,8 +34,10 @@ def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, wi
                 power_of_two_v_scales: bool = True):
     """The default e4m3 kernel (registry.default_fp8_spec), memoized; power_of_two_v_scales=False
     (V's block ratios inexact) takes the eager rescale where the default is lazy."""
+    # The flag picks another kernel only where the default rescales lazily: elsewhere one entry.
+    lazy_default = _lazy_rescale_default({"dtype": "e4m3", "head_dim_v": int(head_dim_v), "window": bool(window)})
     key = ("e4m3", int(head_dim), int(head_dim_v), out_dtype, bool(causal), bool(window),
-           bool(power_of_two_v_scales))
+           bool(power_of_two_v_scales) or not lazy_default)
     kern = ops._KERNELS.get(key)
     return kern if kern is not None else ops._compile_memoized(key, "default_fp8_spec", key[1:])
 

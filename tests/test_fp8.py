@@ -295,6 +295,19 @@ def test_checked_kernel_takes_the_eager_kernel_for_inexact_v_ratios(monkeypatch)
     assert len(compiled) == 3
 
 
+def test_inexact_v_ratios_share_the_kernel_where_the_default_is_eager(monkeypatch):
+    """hdim 128 (and any window) rescales eagerly by default: scales as they come take the same
+    kernel as power-of-two ones, compiled once."""
+    compiled = []
+    monkeypatch.setattr(fa3gen, "compile", lambda spec: compiled.append(spec) or type("K", (), {"spec": spec})())
+    monkeypatch.setattr(ops, "_KERNELS", {})
+    exact, inexact, _ = _exact_and_inexact_v_inputs(128)
+    assert fp8_ops._checked_kernel(exact, "bf16", False, False) is fp8_ops._checked_kernel(inexact, "bf16", False, False)
+    exact, inexact, _ = _exact_and_inexact_v_inputs(256)
+    assert fp8_ops._checked_kernel(exact, "bf16", True, True) is fp8_ops._checked_kernel(inexact, "bf16", True, True)
+    assert [s.lazy_rescale for s in compiled] == [False, False]
+
+
 def test_checked_kernel_refuses_a_lazy_kernel_for_inexact_v_ratios():
     exact, inexact, per_head = _exact_and_inexact_v_inputs(128)
     lazy = type("K", (), {"spec": KernelSpec(head_dim=128, dtype="e4m3", lazy_rescale=True)})()
