@@ -483,15 +483,19 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   PipelineQState read_q;  // buffer of the next tile's Q
   PipelineState read;     // stage of the next K (and V) block, continued across tiles
   PipelineState read_v;   // stage of the V block that pairs with the P held in registers
+  // Pingpong: the two consumer warpgroups take turns issuing their GEMMs, so one's softmax runs
+  // while the other's GEMMs own the tensor cores. The turns run on from tile to tile (both
+  // warpgroups take one per key block); warpgroup 1 lets warpgroup 0 go first, once. Not once per
+  // tile: warpgroup 1 could then arrive on turn 0 for its next tile before warpgroup 0 has synced
+  // on its last arrival of this one, the two arrivals would complete the barrier without
+  // warpgroup 0, and the turns would deadlock.
+  if (warpgroup == 1) { cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + 0); }
   for (int tile = handoff.receive(); tile < scheduler.num_tiles; tile = handoff.receive()) {
   TileCoord const t = scheduler.coord(p, tile);
   KeyBlockRange const blocks = key_block_range(p, t.m_block);
   clear(tOrO);
   TileDescale descale(p, t);
   Fp8LazySoftmax<kRows, /*kProbLog2Scale=*/6, /*kLazyRescaleLog2=*/2, /*kChains=*/1> softmax(softmax_scale_log2(p) * descale.qk);
-  // Pingpong: the two consumer warpgroups take turns issuing their GEMMs, so one's softmax runs
-  // while the other's GEMMs own the tensor cores. Warpgroup 1 lets warpgroup 0 go first.
-  if (warpgroup == 1) { cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + 0); }
 
   if (!blocks.empty()) { pipeline_q.consumer_wait(read_q); }
   if (!blocks.empty()) {
@@ -550,9 +554,6 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     }
   }
   if (!blocks.empty()) { ++read_q; }  // this tile's Q was loaded (and released in the mainloop)
-  // Warpgroup 1 arrived once more than warpgroup 0 synced on turn 0: consume it so no barrier is
-  // left half-complete at the end of the tile.
-  if (warpgroup == 0) { cutlass::arch::NamedBarrier::sync(kMmaThreads, kTurnBarrier + 0); }
 
   float lse[kRows];
   softmax.finish(o_rows, lse_scale(p) * descale.qk, lse, descale.v_unit);
@@ -595,6 +596,8 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     }
   }
   }
+  // Warpgroup 1 arrived once more than warpgroup 0 synced on turn 0: consume it.
+  if (warpgroup == 0) { cutlass::arch::NamedBarrier::sync(kMmaThreads, kTurnBarrier + 0); }
   if (mma_thread % 128 == 0) { tma_store_wait<0>(); }  // shared memory stays valid until the last stores have read it
 }
 

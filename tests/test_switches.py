@@ -151,6 +151,31 @@ def test_inter_tile_overlap_renders_the_chained_loop(head_dim, causal):
         assert "softmax_next" in both and "NamedBarrier::sync(kMmaThreads, kTurnBarrier + warpgroup)" in both
 
 
+@pytest.mark.parametrize("inter_tile", [False, True])
+@pytest.mark.parametrize("scheduler", ["grid", "static", "lpt"])
+@pytest.mark.parametrize("dtype", ["bf16", "e4m3"])
+def test_pingpong_turns_run_on_across_tiles(dtype, scheduler, inter_tile):
+    """Warpgroup 1 gives warpgroup 0 the first turn once per CTA, and warpgroup 0 consumes the
+    last arrival once, after the tile loop. Once per tile would let warpgroup 1's arrival for its
+    next tile land before warpgroup 0 synced on its last one of this tile: two arrivals complete
+    the 256-thread turn barrier without warpgroup 0, and the turns deadlock."""
+    if inter_tile and scheduler == "grid":
+        pytest.skip("inter_tile_overlap needs a persistent scheduler")
+    spec = KernelSpec(head_dim=128, dtype=dtype, causal=True, pingpong=True,
+                      intra_wg_overlap=True, scheduler=scheduler, inter_tile_overlap=inter_tile)
+    consumer = render(spec)
+    consumer = consumer[consumer.index("void consume("):]
+    first_turn = "if (warpgroup == 1) { cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + 0); }"
+    last_turn = "if (warpgroup == 0) { cutlass::arch::NamedBarrier::sync(kMmaThreads, kTurnBarrier + 0); }"
+    assert consumer.count(first_turn) == 1 and consumer.count(last_turn) == 1
+    loop = {"grid": "int const tile = scheduler.first_tile();", "static": "for (int tile = scheduler.first_tile();",
+            "lpt": "for (int tile = handoff.receive();"}[scheduler]
+    if inter_tile:
+        loop = "while (tile < scheduler.num_tiles) {"
+    last_lse = consumer.rindex("lse_head[row] = lse[r];")  # the epilogue, the tile loop's last step
+    assert consumer.index(first_turn) < consumer.index(loop) < last_lse < consumer.index(last_turn)
+
+
 @pytest.mark.parametrize(("fields", "expected"), [
     ({"intra_wg_overlap": False}, "intra_wg_overlap=True"),
     ({"scheduler": "grid"}, "a persistent scheduler"),
