@@ -149,6 +149,9 @@ def v_kernel_layout(v: torch.Tensor) -> torch.Tensor:
     return out.view(torch.float8_e4m3fn) if v.dtype == torch.float8_e4m3fn else out
 
 
+v_kernel_layout_of = v_kernel_layout  # prepare's argument of that name hides the function there
+
+
 def v_from_kernel_layout(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """The inverse of v_kernel_layout: (batch, seqlen_k, nheads, head_dim_v)."""
     b, h, d, sp = vt.shape
@@ -173,9 +176,14 @@ class Fp8Inputs:
 
     def dequantized(self, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as the kernel sees them, in (batch, seqlen, nheads, head_dim) and `dtype`."""
-        v = Quantized(v_from_kernel_layout(self.v.data, self.seqlen_k), self.v.scale, self.v.granularity,
-                      self.v.block_size)
+        v = self.v
+        if v.kernel_v_layout:
+            v = Quantized(v_from_kernel_layout(v.data, self.seqlen_k), v.scale, v.granularity, v.block_size)
         return self.q.dequantize(dtype), self.k.dequantize(dtype), v.dequantize(dtype)
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.v.data.shape[2] if self.v.kernel_v_layout else self.v.data.shape[3]
 
 
 def default_block_rows(head_dim: int) -> tuple[int, int]:
@@ -189,7 +197,7 @@ def default_block_rows(head_dim: int) -> tuple[int, int]:
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Granularity = "block",
             block_size: int | tuple[int, int] | None = None, hadamard: bool = True, seed: int = 0,
-            power_of_two_scales: bool = True) -> Fp8Inputs:
+            power_of_two_scales: bool = True, v_kernel_layout: bool = True) -> Fp8Inputs:
     """FP8 inputs for ``fa3gen.fp8_ops.flash_attn_fp8_func`` from 16- or 32-bit q, k, v
     (batch, seqlen, nheads, head_dim): Q and K through the random-sign Hadamard transform (when
     `hadamard`; it leaves Q·Kᵀ unchanged), all three quantized to e4m3 with one scale per tensor,
@@ -202,6 +210,11 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     power_of_two_scales: scales rounded up to powers of two (``quantize_e4m3``). A lazy-rescale
     kernel moves V's block factors into P, exactly only when their ratios are powers of two; and
     on the FA3 paper's experiment (emulated) they also lower the RMSE at 8k (9.42e-3 -> 8.96e-3).
+
+    v_kernel_layout: V in the default kernels' layout (``v_kernel_layout``, one permuted copy).
+    False keeps V as (batch, seqlen_k, nheads, head_dim_v), for the kernels that transpose it in
+    shared memory themselves (``KernelSpec.v_transpose_in_kernel``, which
+    ``fa3gen.fp8_ops.flash_attn_fp8_func`` then picks).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_bshd(t, name)
@@ -215,9 +228,10 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
         q, k = incoherent(q, k, seed)
     qq, kq, vq = (quantize_e4m3(t, granularity, rows, power_of_two_scales)
                   for t, rows in ((q, q_rows), (k, kv_rows), (v, kv_rows)))
-    vt = Quantized(v_kernel_layout(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True,
-                   power_of_two=vq.power_of_two)
-    return Fp8Inputs(qq, kq, vt, int(v.shape[1]), seed if hadamard else None)
+    if v_kernel_layout:
+        vq = Quantized(v_kernel_layout_of(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True,
+                       power_of_two=vq.power_of_two)
+    return Fp8Inputs(qq, kq, vq, int(v.shape[1]), seed if hadamard else None)
 
 
 def hadamard_transform(x: torch.Tensor) -> torch.Tensor:

@@ -31,13 +31,13 @@ _FP8 = torch.float8_e4m3fn
 
 
 def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool,
-                power_of_two_v_scales: bool = True):
+                power_of_two_v_scales: bool = True, v_transpose_in_kernel: bool = False):
     """The default e4m3 kernel (registry.default_fp8_spec), memoized; power_of_two_v_scales=False
     (V's block ratios inexact) takes the eager rescale where the default is lazy."""
     # The flag picks another kernel only where the default rescales lazily: elsewhere one entry.
     lazy_default = _lazy_rescale_default({"dtype": "e4m3", "head_dim_v": int(head_dim_v), "window": bool(window)})
     key = ("e4m3", int(head_dim), int(head_dim_v), out_dtype, bool(causal), bool(window),
-           bool(power_of_two_v_scales) or not lazy_default)
+           bool(power_of_two_v_scales) or not lazy_default, bool(v_transpose_in_kernel))
     kern = ops._KERNELS.get(key)
     return kern if kern is not None else ops._compile_memoized(key, "default_fp8_spec", key[1:])
 
@@ -63,12 +63,16 @@ def _check_inputs(x: Fp8Inputs) -> None:
         raise ValueError(f"fa3gen: k has {sk} keys but the inputs say seqlen_k={x.seqlen_k}")
     if hq % hk != 0:
         raise ValueError(f"fa3gen: nheads_q={hq} must be a multiple of nheads_kv={hk}")
-    if vt.shape[0] != b or vt.shape[1] != hk or vt.shape[3] != padded_keys(sk):
+    dv = x.head_dim_v
+    if x.v.kernel_v_layout and (vt.shape[0] != b or vt.shape[1] != hk or vt.shape[3] != padded_keys(sk)):
         raise ValueError(f"fa3gen: fp8 v must be in the kernel's layout (batch, nheads_kv, head_dim_v, "
-                         f"{padded_keys(sk)}) = {(b, hk, vt.shape[2], padded_keys(sk))}, got {tuple(vt.shape)} "
+                         f"{padded_keys(sk)}) = {(b, hk, dv, padded_keys(sk))}, got {tuple(vt.shape)} "
                          "(fa3gen.fp8.v_kernel_layout makes it)")
-    if d not in ops.SUPPORTED_HEAD_DIMS or vt.shape[2] not in ops.SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"fa3gen: head dims ({d}, {vt.shape[2]}) not supported; choose from {ops.SUPPORTED_HEAD_DIMS}")
+    if not x.v.kernel_v_layout and tuple(vt.shape[:3]) != (b, sk, hk):
+        raise ValueError(f"fa3gen: fp8 v (batch, seqlen_k, nheads_kv, head_dim_v) must be {(b, sk, hk, dv)}, "
+                         f"got {tuple(vt.shape)}")
+    if d not in ops.SUPPORTED_HEAD_DIMS or dv not in ops.SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"fa3gen: head dims ({d}, {dv}) not supported; choose from {ops.SUPPORTED_HEAD_DIMS}")
     ops._check_devices((("q", q), ("k", k), ("v", vt)))
     for name, quant in (("q", x.q), ("k", x.k), ("v", x.v)):
         s = quant.scale
@@ -109,8 +113,10 @@ def _params(x: Fp8Inputs, out: torch.Tensor, lse: torch.Tensor, softmax_scale: f
     p.q, p.k, p.v, p.o, p.lse = q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), lse.data_ptr()
     p.q_batch_stride, p.q_row_stride, p.q_head_stride = ops._kernel_strides(q)
     p.k_batch_stride, p.k_row_stride, p.k_head_stride = ops._kernel_strides(k)
-    # Vᵀ (batch, nheads_kv, head_dim_v, keys): its "rows" are head-dim rows.
-    p.v_batch_stride, p.v_head_stride, p.v_row_stride = vt.stride(0), vt.stride(1), vt.stride(2)
+    if x.v.kernel_v_layout:  # Vᵀ (batch, nheads_kv, head_dim_v, keys): its "rows" are head-dim rows.
+        p.v_batch_stride, p.v_head_stride, p.v_row_stride = vt.stride(0), vt.stride(1), vt.stride(2)
+    else:  # V as the model holds it, for a kernel that transposes it (v_transpose_in_kernel)
+        p.v_batch_stride, p.v_row_stride, p.v_head_stride = ops._kernel_strides(vt)
     p.o_batch_stride, p.o_row_stride, p.o_head_stride = ops._kernel_strides(out)
     ops._set_problem(p, q, k, softmax_scale)
     b, sq, hq, _ = q.shape
@@ -123,11 +129,18 @@ def _params(x: Fp8Inputs, out: torch.Tensor, lse: torch.Tensor, softmax_scale: f
 def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: bool, kernel: Any = None):
     """The kernel to run on these inputs: the default one (eager where V's block ratios are
     inexact), or the caller's, checked against them."""
-    d, dv = inputs.q.data.shape[-1], inputs.v.data.shape[2]
+    d, dv = inputs.q.data.shape[-1], inputs.head_dim_v
     exact_v_ratios = inputs.v.exact_ratios_along_sequence
+    transposes_v = not inputs.v.kernel_v_layout
     if kernel is None:
-        kernel = _kernel_for(d, dv, out_dtype, causal, window, exact_v_ratios)
+        kernel = _kernel_for(d, dv, out_dtype, causal, window, exact_v_ratios, transposes_v)
     spec = kernel.spec
+    if spec.v_transpose_in_kernel != transposes_v:
+        raise ValueError(f"fa3gen: kernel {spec.name} takes V " + (
+            "as (batch, seqlen_k, nheads_kv, head_dim_v) and transposes it itself, but v is in the kernel layout "
+            "(fa3gen.fp8.prepare(..., v_kernel_layout=False) keeps it)" if spec.v_transpose_in_kernel else
+            "in the kernel layout (fa3gen.fp8.v_kernel_layout), but v is (batch, seqlen_k, nheads_kv, head_dim_v): "
+            "pass a spec with v_transpose_in_kernel=True"))
     if spec.causal != causal:
         raise ValueError(f"fa3gen: kernel {spec.name} is {'' if spec.causal else 'not '}causal but causal={causal}")
     if (spec.dtype, spec.head_dim, spec.head_dim_v, spec.out_dtype) != ("e4m3", d, dv, out_dtype):
@@ -151,9 +164,9 @@ def flash_attn_fp8_func(inputs: Fp8Inputs, softmax_scale: float | None = None, c
     _check_inputs(inputs)
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"fa3gen: out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
-    q, vt = inputs.q.data, inputs.v.data
+    q = inputs.q.data
     b, sq, hq, d = q.shape
-    dv = vt.shape[2]
+    dv = inputs.head_dim_v
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     variant = VariantArgs(tuple(window_size))
     variant.check()

@@ -159,16 +159,19 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
 
 
 def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False,
-                     power_of_two_v_scales: bool = True) -> KernelSpec:
+                     power_of_two_v_scales: bool = True, v_transpose_in_kernel: bool = False) -> KernelSpec:
     """The e4m3 forward spec for a problem (O in out_dtype): the registry's when present.
     power_of_two_v_scales=False (V's per-block scales are not all powers of two): never a lazy
-    rescale, whose P would carry the blocks' inexact ratios (spec.FP8_LAZY_RESCALE_DEFAULT)."""
+    rescale, whose P would carry the blocks' inexact ratios (spec.FP8_LAZY_RESCALE_DEFAULT).
+    v_transpose_in_kernel: the kernel takes V as (batch, seqlen_k, nheads, head_dim_v) and
+    transposes it in shared memory (no registry kernel does)."""
     _canonical_problem(head_dim, head_dim_v, "bf16")
     out = _DTYPE_ALIASES.get(str(out_dtype).removeprefix("torch."))
     if out is None:
         raise ValueError(f"out_dtype={out_dtype!r} is not supported: use 'bf16' or 'fp16'")
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
-                      window=bool(window), **({} if power_of_two_v_scales else {"lazy_rescale": False}))
+                      window=bool(window), v_transpose_in_kernel=bool(v_transpose_in_kernel),
+                      **({} if power_of_two_v_scales else {"lazy_rescale": False}))
     name = _registry_name(head_dim, "e4m3", bool(causal))
     return REGISTRY[name] if REGISTRY.get(name) == spec else spec
 

@@ -89,6 +89,10 @@ def _bytes_per_element(dtype: str) -> int:
 # 994 TFLOP/s against 128 x 96 (H200, s16k, same process). The lpt scheduler's producer spills at
 # 24 (136-216 B in the causal kernels); measured faster all the same at hdim 256 (823 -> 897).
 FP8_REGISTER_SPLIT = {2: (24, 240)}
+# With v_transpose_in_kernel the producer warpgroup's transposing warps hold four 16-byte rows of
+# V and their transpose, more than 24 registers: the 16-bit kernels' split (setmaxnreg moves
+# registers within the launch's 168 a thread, so 24 + 2 * 240 leaves no room to grow the producer).
+FP8_TRANSPOSE_REGISTER_SPLIT = {2: (40, 232)}
 # FP8 (e4m3) forward tiles (block_m, block_n) by head dim, with pingpong on. Measured on the H200
 # (2026-11-30, s16k, same process) against 128 x 128 without pingpong: hdim 64 345 -> 436 TFLOP/s
 # (128 x 192, pingpong), hdim 128 623 -> 739 (128 x 192, pingpong); hdim 256 keeps 128 x 128,
@@ -412,6 +416,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "dq_single_warpgroup": lambda f: _bwd_dq_single_warpgroup_default(f) if f["kind"] == "bwd" else None,
     "producer_registers": lambda f: _bwd_producer_registers_default(f) if f["kind"] == "bwd" else None,
     "kv_prefetch": lambda f: _bwd_kv_prefetch_default(f) if f["kind"] == "bwd" else None,
+    "v_transpose_in_kernel": lambda f: False,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -474,12 +479,13 @@ def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_
 
 
 def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
-                epilogue: str, q_buffers: int = 1) -> int:
-    """Shared memory of one CTA: the Q buffers, the K/V stages, the O staging tile (TMA epilogue;
-    "tma_v" stages O in the V stages' buffer instead), barriers."""
+                epilogue: str, q_buffers: int = 1, v_transpose_in_kernel: bool = False) -> int:
+    """Shared memory of one CTA: the Q buffers, the K/V stages (and V's stages as loaded, before
+    the in-kernel transpose), the O staging tile (TMA epilogue; "tma_v" stages O in the V stages'
+    buffer instead), barriers."""
     e = _bytes_per_element(dtype)
     q = q_buffers * block_m * head_dim * e
-    kv = stages * block_n * (head_dim + head_dim_v) * e
+    kv = stages * block_n * (head_dim + head_dim_v * (2 if v_transpose_in_kernel else 1)) * e
     o = _o_tile_bytes(block_m, head_dim_v) if epilogue == "tma" else 0
     return q + kv + o + BARRIER_SMEM_BYTES
 
@@ -607,6 +613,13 @@ class KernelSpec(BaseModel):
     # only with V's block scales powers of two, which fa3gen.fp8_ops checks before it picks the
     # kernel: FP8_LAZY_RESCALE_DEFAULT).
     lazy_rescale: bool | None = None
+    # e4m3: V arrives as the model holds it, (batch, seqlen_k, nheads_kv, head_dim_v), and warps
+    # 1-3 of the producer warpgroup transpose each block in shared memory into the layout the P·V
+    # WGMMA reads (keys contiguous, in P's register order), while the consumers run the previous
+    # blocks. False: V comes in that layout already (fa3gen.fp8.v_kernel_layout, which
+    # fa3gen.fp8.prepare applies). Costs shared memory for V's stages as loaded and producer
+    # registers (FP8_TRANSPOSE_REGISTER_SPLIT).
+    v_transpose_in_kernel: bool = False
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
     # parallelism for the two consumer warps a scheduler runs, whose dependent FMNMX/FADD chains
@@ -704,23 +717,24 @@ class KernelSpec(BaseModel):
         if data.get("num_consumer_warpgroups") is None and isinstance(data.get("block_m"), int):
             data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
         sizes = [data.get(f) for f in ("block_m", "block_n", "head_dim_v", "stages")]
+        vtk = {"v_transpose_in_kernel": bool(data.get("v_transpose_in_kernel"))}
         if data.get("epilogue") is None and d in SUPPORTED_HEAD_DIMS and all(isinstance(x, int) for x in sizes):
             dtype = str(data.get("dtype", "bf16"))
             if FP8_CHAINED_OVER_O_TILE and dtype == "e4m3" and not causal and not data.get("window") \
                     and data.get("q_buffers") in (None, 2) \
-                    and _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma", 2) > SMEM_BUDGET_BYTES \
-                    and _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "direct", 2) <= SMEM_BUDGET_BYTES:
+                    and _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma", 2, **vtk) > SMEM_BUDGET_BYTES \
+                    and _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "direct", 2, **vtk) <= SMEM_BUDGET_BYTES:
                 data["epilogue"] = "direct"
-            elif _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma") <= SMEM_BUDGET_BYTES:
+            elif _smem_bytes(dtype, *sizes[:2], d, *sizes[2:], "tma", **vtk) <= SMEM_BUDGET_BYTES:
                 data["epilogue"] = "tma"
             elif O_IN_V_DEFAULT and _o_fits_in_v(dtype, sizes[0], sizes[1], sizes[2], sizes[3]) \
-                    and not _has_variant(data):
+                    and not _has_variant(data) and not vtk["v_transpose_in_kernel"]:
                 data["epilogue"] = "tma_v"
             else:
                 data["epilogue"] = "direct"
         if data.get("q_buffers") is None and d in SUPPORTED_HEAD_DIMS \
                 and all(isinstance(x, int) for x in sizes) and data.get("epilogue") in ("tma", "tma_v", "direct"):
-            two = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], data["epilogue"], 2)
+            two = _smem_bytes(str(data.get("dtype", "bf16")), *sizes[:2], d, *sizes[2:], data["epilogue"], 2, **vtk)
             data["q_buffers"] = 2 if two <= SMEM_BUDGET_BYTES else 1
         chained = not _inter_tile_overlap_missing(
             data.get("intra_wg_overlap", True), data.get("scheduler"), data.get("q_buffers"), data.get("epilogue"))
@@ -803,6 +817,9 @@ class KernelSpec(BaseModel):
         if self.block_n % WGMMA_K_FP8 != 0:
             raise ValueError(f"dtype='e4m3' needs block_n to be a multiple of {WGMMA_K_FP8} (the K of an fp8 P·V "
                              f"WGMMA), got {self.block_n}")
+        if self.v_transpose_in_kernel and self.epilogue == "tma_v":
+            raise ValueError("v_transpose_in_kernel does not combine with epilogue='tma_v' (O staged in the V "
+                             "stages, which the transposers write): use 'tma' or 'direct'")
 
     def _check_inter_tile_overlap(self) -> None:
         missing = _inter_tile_overlap_missing(self.intra_wg_overlap, self.scheduler, self.q_buffers, self.epilogue)
@@ -904,6 +921,8 @@ class KernelSpec(BaseModel):
         if self.kind == "bwd":
             self._check_bwd()
             return self
+        if self.v_transpose_in_kernel and not self.is_fp8:
+            raise ValueError("v_transpose_in_kernel applies to dtype='e4m3' (a 16-bit P·V WGMMA reads V as loaded)")
         if self.deterministic:
             raise ValueError("deterministic applies to backward kernels (kind='bwd'); the forward is deterministic")
         if self.causal_group is not None:
@@ -963,7 +982,7 @@ class KernelSpec(BaseModel):
             return _bwd_smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.stages)
         assert self.q_buffers
         return _smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v,
-                           self.stages, self.epilogue, self.q_buffers)
+                           self.stages, self.epilogue, self.q_buffers, self.v_transpose_in_kernel)
 
     @property
     def bwd_splits_head_dim(self) -> bool:
@@ -1070,6 +1089,8 @@ class KernelSpec(BaseModel):
             assert self.producer_registers is not None
             rest = self.register_pool - THREADS_PER_WARPGROUP * self.producer_registers
             return self.producer_registers, rest // (THREADS_PER_WARPGROUP * self.num_consumer_warpgroups) // 8 * 8
+        if self.is_fp8 and self.v_transpose_in_kernel and self.num_consumer_warpgroups in FP8_TRANSPOSE_REGISTER_SPLIT:
+            return FP8_TRANSPOSE_REGISTER_SPLIT[self.num_consumer_warpgroups]
         if self.is_fp8 and self.num_consumer_warpgroups in FP8_REGISTER_SPLIT:
             return FP8_REGISTER_SPLIT[self.num_consumer_warpgroups]
         return REGISTER_SPLIT[self.num_consumer_warpgroups]
@@ -1091,6 +1112,7 @@ class KernelSpec(BaseModel):
         sched += f"_pin{self.pin_pv_wait}" if self.pin_pv_wait else ""
         sched += "_wgt" if self.warpgroup_key_trim else ""
         sched += "_neb" if self.narrow_edge_block else ""
+        sched += "_vtk" if self.v_transpose_in_kernel else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

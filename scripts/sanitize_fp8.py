@@ -1,5 +1,9 @@
 """A tiny FP8 forward workload for compute-sanitizer: ragged, GQA, sq != sk, causal and not, each
-scale granularity, pingpong or not, hdim 64 to 256. Prints one line per case."""
+scale granularity, pingpong or not, hdim 64 to 256, V transposed in the kernel or before it.
+Prints one line per case.
+
+Usage: python scripts/sanitize_fp8.py [--only FIELD]   # FIELD: only the cases whose spec sets it
+"""
 
 from __future__ import annotations
 
@@ -23,13 +27,19 @@ CASES = [  # b, sq, sk, hq, hkv, d, causal, granularity, spec changes
     (1, 500, 500, 2, 1, 256, True, "block", {}),
     (1, 333, 500, 4, 2, 128, True, "block", {"lazy_rescale": True}),
     (1, 400, 300, 2, 2, 192, False, "block", {}),
+    # V as the model holds it, transposed in shared memory by the producer warpgroup.
+    (1, 333, 500, 4, 2, 128, True, "block", {"v_transpose_in_kernel": True}),
+    (2, 300, 700, 4, 2, 128, False, "head", {"v_transpose_in_kernel": True}),
 ]
+only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 
 for b, sq, sk, hq, hkv, d, causal, granularity, changes in CASES:
+    if only is not None and only not in changes:
+        continue
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
-    inputs = fp8.prepare(q, k, v, granularity)
+    inputs = fp8.prepare(q, k, v, granularity, v_kernel_layout=not changes.get("v_transpose_in_kernel", False))
     kernel = fa3gen.compile(fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **changes))
     out = fp8_ops.flash_attn_fp8_func(inputs, causal=causal, kernel=kernel)
     torch.cuda.synchronize()

@@ -55,6 +55,9 @@ SPECS = {
     # FP8: e4m3 Q·Kᵀ and P·V (P handed over in registers), Vᵀ loaded by TMA, O in bf16, pingpong,
     # consumers at 240 registers. (The causal fp8 kernels' lpt producer spills at its 24 registers.)
     "fwd_d256_e4m3": REGISTRY["fwd_d256_e4m3"],
+    # FP8 with V as the model holds it: warps 1-3 of the producer warpgroup transpose each block in
+    # shared memory (byte permutes), producer at 40 registers, consumers at 232.
+    "d128_e4m3_v_transpose_in_kernel": KernelSpec(head_dim=128, dtype="e4m3", v_transpose_in_kernel=True),
 }
 NAMES = list(SPECS)
 # Spill bytes a kernel may have, and why. The causal hdim 256 forward (lpt scheduler, O staged in
@@ -160,3 +163,13 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
         assert not any(re.search(r"\b(LDL|STL)\b", t) for t in key_block_loop(sass)), "local memory in the key-block loop"
     # A 4-byte value spilled is one STL and (here) one LDL.
     assert len(local) <= 2 * SPILL_BYTES_ALLOWED.get(name, 0) // 4, f"local-memory traffic: {len(local)} LDL/STL instructions"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].v_transpose_in_kernel])
+def test_sass_v_transpose_in_kernel(builds: dict[str, BuildResult], name: str) -> None:
+    """The transposers read V's rows 16 bytes at a time, transpose 4 x 4 bytes with byte permutes
+    (8 per 16 bytes) and write 4-byte words; a TMA load brings V as loaded."""
+    sass = _sass(builds[name])
+    assert "LDS.128" in sass and len(re.findall(r"\bPRMT\b", sass)) >= 32, "no 16-byte loads and byte permutes"
+    assert not re.search(r"\b(LD|ST)\.E\b", sass), "generic loads or stores (shared memory through 64-bit addresses)"
+    assert len(re.findall(r"UTMALDG", sass)) >= 3, "Q, K and V each need their TMA load"

@@ -15,7 +15,7 @@ import torch
 from pydantic import ValidationError
 
 import fa3gen
-from fa3gen import abi, fp8, fp8_ops, ops, registry
+from fa3gen import abi, fp8, fp8_ops, ops, registry, render
 from fa3gen.reference import attention_reference
 from fa3gen.spec import FP8_TILES, SMEM_BUDGET_BYTES, KernelSpec
 
@@ -613,19 +613,25 @@ def test_check_inputs_accepts_prepared_inputs_up_to_the_device():
         fp8_ops._check_inputs(x)
 
 
-def test_check_inputs_rejects_v_not_in_kernel_layout():
+def test_check_inputs_takes_v_as_the_model_holds_it():
+    """V not in the kernel layout is (batch, seqlen_k, nheads_kv, head_dim_v), for the kernels
+    that transpose it themselves; its shape is checked like that."""
     q, k, v = _gqa_inputs()
     x = fp8.prepare(q, k, v)
-    vq = fp8.quantize_e4m3(v, "block", 128)  # (b, s, h, d) e4m3: not transposed
-    bad = fp8.Fp8Inputs(x.q, x.k, vq, x.seqlen_k)
-    with pytest.raises(ValueError, match=r"fp8 v must be in the kernel's layout .*v_kernel_layout"):
-        fp8_ops._check_inputs(bad)
+    natural = fp8.prepare(q, k, v, v_kernel_layout=False)
+    assert not natural.v.kernel_v_layout and natural.v.data.shape == v.shape and natural.head_dim_v == v.shape[3]
+    assert torch.equal(natural.dequantized()[2], x.dequantized()[2])
+    with pytest.raises(ValueError, match=r"q is on cpu; fa3gen kernels run on CUDA"):
+        fp8_ops._check_inputs(natural)
+    vq = fp8.quantize_e4m3(v[:, :-1], "block", 128)  # one key short
+    with pytest.raises(ValueError, match=r"fp8 v \(batch, seqlen_k, nheads_kv, head_dim_v\) must be"):
+        fp8_ops._check_inputs(fp8.Fp8Inputs(x.q, x.k, vq, x.seqlen_k))
 
 
 def test_check_inputs_rejects_unpadded_kernel_v():
     q, k, v = _gqa_inputs()
     x = fp8.prepare(q, k, v)
-    short = fp8.Quantized(x.v.data[..., :80].contiguous(), x.v.scale, "block", 128)
+    short = fp8.Quantized(x.v.data[..., :80].contiguous(), x.v.scale, "block", 128, kernel_v_layout=True)
     with pytest.raises(ValueError, match=r"kernel's layout .*96"):
         fp8_ops._check_inputs(fp8.Fp8Inputs(x.q, x.k, short, x.seqlen_k))
 
@@ -720,3 +726,41 @@ def test_prepare_rounds_scales_to_powers_of_two():
     assert not torch.equal(torch.log2(exact.v.scale), torch.log2(exact.v.scale).round())
     qd, kd, vd = inputs.dequantized(torch.float64)
     assert float((vd - v.double()).abs().max() / v.abs().max()) < 0.07
+
+
+def test_v_transpose_in_kernel_spec():
+    """e4m3 only; its shared memory holds V's stages as loaded beside the transposed ones; the
+    producer gets 40 registers; the name says it; specs without it keep their JSON (and cache key)."""
+    spec = KernelSpec(head_dim=128, dtype="e4m3", v_transpose_in_kernel=True)
+    plain = KernelSpec(head_dim=128, dtype="e4m3")
+    assert spec.name == plain.name + "_vtk" and spec.register_split == (40, 232)
+    assert spec.smem_bytes - plain.smem_bytes == spec.stages * spec.block_n * spec.head_dim_v
+    assert "v_transpose_in_kernel" not in plain.canonical_json() and '"v_transpose_in_kernel":true' in spec.canonical_json()
+    assert KernelSpec.from_json(plain.canonical_json()) == plain
+    with pytest.raises(ValidationError, match="v_transpose_in_kernel applies to dtype='e4m3'"):
+        KernelSpec(head_dim=128, v_transpose_in_kernel=True)
+    with pytest.raises(ValidationError, match="does not combine with epilogue='tma_v'"):
+        KernelSpec(head_dim=256, dtype="e4m3", v_transpose_in_kernel=True, epilogue="tma_v")
+    src = render(spec)
+    assert "transpose_v(p, smem, pipeline_v_load, pipeline_v" in src and "SmemLayoutVLoad" in src
+    assert "transpose_v" not in render(plain) and "PipelineV" not in render(plain)
+    causal = render(KernelSpec(head_dim=128, dtype="e4m3", causal=True, v_transpose_in_kernel=True))
+    assert "tile_params.consumer_arv_count = kMmaThreads + kTransposeThreads;" in causal  # the transposers take tiles too
+
+
+def test_checked_kernel_matches_the_v_layout(monkeypatch):
+    """V as the model holds it (prepare(v_kernel_layout=False)) takes the kernel that transposes
+    it; a kernel for the other layout is refused either way."""
+    compiled = []
+    monkeypatch.setattr(fa3gen, "compile", lambda spec: compiled.append(spec) or type("K", (), {"spec": spec})())
+    monkeypatch.setattr(ops, "_KERNELS", {})
+    q, k, v = _gqa_inputs()
+    natural, pre = fp8.prepare(q, k, v, v_kernel_layout=False), fp8.prepare(q, k, v)
+    assert fp8_ops._checked_kernel(natural, "bf16", True, False).spec.v_transpose_in_kernel
+    assert not fp8_ops._checked_kernel(pre, "bf16", True, False).spec.v_transpose_in_kernel
+    vtk, plain = (type("K", (), {"spec": KernelSpec(head_dim=128, dtype="e4m3", v_transpose_in_kernel=t)})()
+                  for t in (True, False))
+    with pytest.raises(ValueError, match=r"transposes it itself, but v is in the kernel layout"):
+        fp8_ops._checked_kernel(pre, "bf16", False, False, vtk)
+    with pytest.raises(ValueError, match=r"pass a spec with v_transpose_in_kernel=True"):
+        fp8_ops._checked_kernel(natural, "bf16", False, False, plain)

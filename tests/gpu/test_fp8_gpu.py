@@ -59,6 +59,9 @@ EAGER_FALLBACK_SPECS = [fa3gen.registry.default_fp8_spec(256, 256, "bf16", c, po
 SPECS += EAGER_FALLBACK_SPECS
 WINDOW_SPEC = fa3gen.registry.default_fp8_spec(256, 256, "bf16", True, window=True)  # eager (spec.py)
 SPECS.append(WINDOW_SPEC)
+# V as the model holds it, transposed in shared memory by the producer warpgroup.
+V_TRANSPOSE_SPECS = [fa3gen.registry.default_fp8_spec(128, 128, "bf16", c, v_transpose_in_kernel=True) for c in (False, True)]
+SPECS += V_TRANSPOSE_SPECS
 
 
 def profiled(b, s, h, d, seed, profile):
@@ -75,7 +78,7 @@ def ramped(b, s, h, d, seed):
 
 def run_poisoned(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1), kernel=None):
     b, sq, hq, _ = inputs.q.data.shape
-    dv = inputs.v.data.shape[2]
+    dv = inputs.head_dim_v
     variant = VariantArgs(tuple(window))
     kernel = fp8_ops._checked_kernel(inputs, fp8_ops._OUT_DTYPES[out_dtype], causal, variant.window, kernel)
     out = torch.full((b, sq, hq, dv), float("nan"), device="cuda", dtype=out_dtype)
@@ -104,6 +107,23 @@ def test_fp8_matches_dequantized_reference(head_dim, causal, granularity):
         q, k, v = (ramped(b, s, h, head_dim, 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
         inputs = fp8.prepare(q, k, v, granularity, hadamard=(i % 2 == 0), seed=i)  # scale blocks: one tile
         check(inputs, causal)
+
+
+@pytest.mark.parametrize("granularity", ["head", "block"])
+@pytest.mark.parametrize("spec", V_TRANSPOSE_SPECS, ids=lambda s: s.name)
+def test_fp8_v_transposed_in_kernel(spec, granularity):
+    """V (batch, seqlen_k, nheads_kv, head_dim_v) transposed in shared memory gives the P·V GEMM the
+    bytes the pre-transposed V gives it: outputs bit for bit those of the kernel without the
+    transpose, and the dequantized reference's. GQA, ragged (keys past the last group of 32 too),
+    sq != sk, many tiles per CTA."""
+    for i, (b, sq, sk, hq, hkv) in enumerate(SHAPES + [(8, 1000, 1000, 16, 4), (3, 300, 2049, 4, 4)]):
+        q, k, v = (ramped(b, s, h, 128, 90 + 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
+        natural = fp8.prepare(q, k, v, granularity, hadamard=True, seed=i, v_kernel_layout=False)
+        assert fp8_ops._checked_kernel(natural, "bf16", spec.causal, False).spec == spec  # the default for this V
+        check(natural, spec.causal)
+        out, lse = run_poisoned(natural, spec.causal)
+        pre_out, pre_lse = run_poisoned(fp8.prepare(q, k, v, granularity, hadamard=True, seed=i), spec.causal)
+        assert torch.equal(out, pre_out) and torch.equal(lse, pre_lse)
 
 
 @pytest.mark.parametrize("spec", INTER_TILE_SPECS, ids=lambda s: s.name)
