@@ -174,12 +174,15 @@ FP8_UNIT_LOG2_RANGE = 2
 # (hdim 256 s16k 1104.0 -> 1152.8, causal 944.5 -> 967.9). So the default from head_dim_v 192;
 # V scales per block that are not all powers of two (quantize_e4m3 without power_of_two, the
 # caller's own) would lose the accuracy again, and get the eager kernel instead
-# (fa3gen.fp8_ops picks it; registry.default_fp8_spec(power_of_two_v_scales=False)). Not with a
-# window: the lazy causal window kernel at hdim 256 hung twice in about 150 back-to-back launches
-# on the H200 (2026-12-02, s4096 b4 window (1024, 0); the eager one none in about 140; cause not
-# found), so window kernels keep the eager rescale.
+# (fa3gen.fp8_ops picks it; registry.default_fp8_spec(power_of_two_v_scales=False)).
 FP8_LAZY_RESCALE_DEFAULT = True
 FP8_LAZY_RESCALE_MIN_HEAD_DIM_V = 192
+# With a window too. The lazy causal window kernel at hdim 256 hung twice in about 150
+# back-to-back launches on the H200 (2026-12-02), and window kernels were kept eager. The likely
+# cause was the pingpong turns restarted per tile (both rescales had them; fixed 2026-12-03: a
+# delay in warpgroup 0 at a tile's end hung the old scheme at once, not the new one); since the
+# fix, 0 hangs in 1000+ launches of the lazy window kernel (BENCHMARKS.md, 2026-12-03).
+FP8_LAZY_RESCALE_WITH_WINDOW = True
 # 16-bit forward kernels with head_dim_v >= 128 reduce each row's max and sum in two chains
 # (row_reduce_chains): measured on the H200 (2026-11-30, bf16, 16k tokens, same process, eager)
 # against one chain: hdim 128 (128 x 128, pingpong, chained) s512 477 -> 491 TFLOP/s, s2k 578 ->
@@ -442,12 +445,12 @@ def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers
 
 def _lazy_rescale_default(data: dict[str, Any]) -> bool:
     """A forward spec's raw fields: whether it rescales O lazily by default (head_dim_v of at
-    least LAZY_RESCALE_MIN_HEAD_DIM_V at 16 bits, FP8_LAZY_RESCALE_MIN_HEAD_DIM_V for e4m3 without
-    a window)."""
+    least LAZY_RESCALE_MIN_HEAD_DIM_V at 16 bits, FP8_LAZY_RESCALE_MIN_HEAD_DIM_V for e4m3, with a
+    window where FP8_LAZY_RESCALE_WITH_WINDOW)."""
     dv = data.get("head_dim_v")
     if data.get("dtype") == "e4m3":
         return (FP8_LAZY_RESCALE_DEFAULT and isinstance(dv, int) and dv >= FP8_LAZY_RESCALE_MIN_HEAD_DIM_V
-                and not data.get("window"))
+                and (FP8_LAZY_RESCALE_WITH_WINDOW or not data.get("window")))
     return LAZY_RESCALE_DEFAULT and isinstance(dv, int) and dv >= LAZY_RESCALE_MIN_HEAD_DIM_V
 
 
@@ -609,7 +612,7 @@ class KernelSpec(BaseModel):
     # and the max may grow by 2^FP8_LAZY_RESCALE_LOG2; O keeps one V scale as its unit while the
     # blocks' scales stay within 2^FP8_UNIT_LOG2_RANGE below it, their ratios going into P.
     # None: on for 16-bit forward kernels with head_dim_v >= 128 (LAZY_RESCALE_DEFAULT) and for
-    # e4m3 from head_dim_v 192 without a window (faster there; as accurate as the eager kernel
+    # e4m3 from head_dim_v 192, windows included (faster there; as accurate as the eager kernel
     # only with V's block scales powers of two, which fa3gen.fp8_ops checks before it picks the
     # kernel: FP8_LAZY_RESCALE_DEFAULT).
     lazy_rescale: bool | None = None

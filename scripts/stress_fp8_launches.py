@@ -4,9 +4,10 @@ finishes: the reproducer of the hang the lazy hdim 256 causal window kernel show
 and exit status 1. Run each sequence in its own process: a hung GPU context does not recover.
 
 Usage: python scripts/stress_fp8_launches.py SEQ [--repeats 30] [--causal] [--window 1024,0]
-                                               [--seqlen 4096] [--batch 4] [--hdim 256] [--timeout 12]
+                                               [--seqlen 4096] [--batch 4] [--hdim 256] [--timeout 12] [--time]
   SEQ: one letter a launch, e.g. L, E, LE. L: the window kernel with lazy rescale, E: its eager
   twin; P and Q: the kernels without a window (P lazy where that is the default, Q eager).
+  --time: afterwards, the kernels of SEQ timed interleaved on the same inputs (median ms).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
 from fa3gen import fp8, fp8_ops  # noqa: E402
+from fa3gen.bench import time_cuda_ms_interleaved  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -33,6 +35,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--hdim", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=12.0)
+    ap.add_argument("--time", action="store_true")
     args = ap.parse_args(argv)
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     d, causal = args.hdim, args.causal
@@ -57,6 +60,13 @@ def main(argv: list[str]) -> int:
             fp8_ops.flash_attn_fp8_func(inputs, None, causal, window_size=win, kernel=kernel)
     torch.cuda.synchronize()
     print(f"finished: {args.repeats} x {args.seq} ({', '.join(compiled[c][0].spec.name for c in sorted(compiled))})")
+    if args.time:
+        faulthandler.cancel_dump_traceback_later()
+        fns = {c: (lambda k=compiled[c][0], w=compiled[c][1]: fp8_ops.flash_attn_fp8_func(inputs, None, causal, window_size=w,
+                                                                                       kernel=k)) for c in sorted(compiled)}
+        ms = time_cuda_ms_interleaved(fns, 5, 20, 20.0)
+        print(f"b{args.batch} s{args.seqlen} d{d} causal={causal} window={window}: " +
+              ", ".join(f"{c} {compiled[c][0].spec.name} {ms[c]:.4f} ms" for c in sorted(compiled)))
     return 0
 
 

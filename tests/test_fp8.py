@@ -263,8 +263,11 @@ def test_default_fp8_spec_lazy_only_with_power_of_two_v_scales(d):
         assert (default == eager) == (d < 192)
         assert default.model_copy(update={"lazy_rescale": False}) == eager
     assert registry.REGISTRY["fwd_d256_e4m3"].lazy_rescale and not registry.REGISTRY["fwd_d128_e4m3"].lazy_rescale
-    # Window kernels keep the eager rescale (spec.FP8_LAZY_RESCALE_DEFAULT: the lazy one hung once).
-    assert not any(registry.default_fp8_spec(d, d, "bf16", c, window=True).lazy_rescale for c in (False, True))
+    # Window kernels too (spec.FP8_LAZY_RESCALE_WITH_WINDOW), with the same eager fallback.
+    for causal in (False, True):
+        window = registry.default_fp8_spec(d, d, "bf16", causal, window=True)
+        assert window.lazy_rescale == (d >= 192)
+        assert not registry.default_fp8_spec(d, d, "bf16", causal, window=True, power_of_two_v_scales=False).lazy_rescale
 
 
 def _exact_and_inexact_v_inputs(d: int) -> tuple[fp8.Fp8Inputs, fp8.Fp8Inputs, fp8.Fp8Inputs]:
@@ -296,16 +299,14 @@ def test_checked_kernel_takes_the_eager_kernel_for_inexact_v_ratios(monkeypatch)
 
 
 def test_inexact_v_ratios_share_the_kernel_where_the_default_is_eager(monkeypatch):
-    """hdim 128 (and any window) rescales eagerly by default: scales as they come take the same
-    kernel as power-of-two ones, compiled once."""
+    """hdim 128 rescales eagerly by default: scales as they come take the same kernel as
+    power-of-two ones, compiled once."""
     compiled = []
     monkeypatch.setattr(fa3gen, "compile", lambda spec: compiled.append(spec) or type("K", (), {"spec": spec})())
     monkeypatch.setattr(ops, "_KERNELS", {})
     exact, inexact, _ = _exact_and_inexact_v_inputs(128)
     assert fp8_ops._checked_kernel(exact, "bf16", False, False) is fp8_ops._checked_kernel(inexact, "bf16", False, False)
-    exact, inexact, _ = _exact_and_inexact_v_inputs(256)
-    assert fp8_ops._checked_kernel(exact, "bf16", True, True) is fp8_ops._checked_kernel(inexact, "bf16", True, True)
-    assert [s.lazy_rescale for s in compiled] == [False, False]
+    assert [s.lazy_rescale for s in compiled] == [False]
 
 
 def test_checked_kernel_refuses_a_lazy_kernel_for_inexact_v_ratios():

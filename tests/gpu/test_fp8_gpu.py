@@ -57,8 +57,9 @@ SPECS += LAZY_SPECS
 EAGER_FALLBACK_SPECS = [fa3gen.registry.default_fp8_spec(256, 256, "bf16", c, power_of_two_v_scales=False)
                         for c in (False, True)]
 SPECS += EAGER_FALLBACK_SPECS
-WINDOW_SPEC = fa3gen.registry.default_fp8_spec(256, 256, "bf16", True, window=True)  # eager (spec.py)
-SPECS.append(WINDOW_SPEC)
+# The window kernels of hdim 192 and 256 (lazy rescale, spec.FP8_LAZY_RESCALE_WITH_WINDOW).
+WINDOW_SPECS = [fa3gen.registry.default_fp8_spec(d, d, "bf16", True, window=True) for d in (192, 256)]
+SPECS += WINDOW_SPECS
 # V as the model holds it, transposed in shared memory by the producer warpgroup.
 V_TRANSPOSE_SPECS = [fa3gen.registry.default_fp8_spec(128, 128, "bf16", c, v_transpose_in_kernel=True) for c in (False, True)]
 SPECS += V_TRANSPOSE_SPECS
@@ -189,18 +190,21 @@ def test_fp8_fp16_output_and_window():
     check(inputs, True, window=(256, 0))
 
 
-def test_fp8_hdim_256_window():
-    """hdim 256 with a sliding window (its default kernel rescales eagerly, unlike the plain one):
-    key blocks outside the band skipped, the band's edge blocks masked; block and per-head scales;
-    20 launches back to back finish (the lazy window kernel once hung there)."""
-    assert not WINDOW_SPEC.lazy_rescale and fa3gen.registry.default_fp8_spec(256, 256, "bf16", True).lazy_rescale
-    q, k, v = (ramped(2, 1000, 4, 256, 20 + j) for j in range(3))
-    inputs = fp8.prepare(q, k, v, "block", hadamard=True)
-    check(inputs, True, window=(300, 0))
+@pytest.mark.parametrize("spec", WINDOW_SPECS, ids=lambda s: s.name)
+def test_fp8_window_lazy_rescale(spec):
+    """hdim 192 and 256 with a sliding window, the default kernels (lazy rescale): key blocks
+    outside the band skipped, the band's edge blocks masked; block and per-head scales, GQA; 50
+    launches back to back finish (the lazy hdim 256 window kernel hung there twice before the
+    pingpong turns ran on across tiles)."""
+    d = spec.head_dim
+    assert spec.lazy_rescale
+    q, k, v = (ramped(2, 1000, h, d, 20 + j) for j, h in enumerate((4, 2, 2)))
+    assert fp8_ops._checked_kernel(fp8.prepare(q, k, v), "bf16", True, True).spec == spec
+    check(fp8.prepare(q, k, v, "block", hadamard=True), True, window=(300, 0))
     check(fp8.prepare(q, k, v, "head", hadamard=True), True, window=(300, 0))
-    q, k, v = (ramped(4, 4096, 8, 256, 30 + j) for j in range(3))
+    q, k, v = (ramped(4, 4096, 2048 // d, d, 30 + j) for j in range(3))
     inputs = fp8.prepare(q, k, v, "block", hadamard=True)
-    for _ in range(20):
+    for _ in range(50):
         fp8_ops.flash_attn_fp8_func(inputs, causal=True, window_size=(1024, 0))
     torch.cuda.synchronize()
 
