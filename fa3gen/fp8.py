@@ -149,9 +149,6 @@ def v_kernel_layout(v: torch.Tensor) -> torch.Tensor:
     return out.view(torch.float8_e4m3fn) if v.dtype == torch.float8_e4m3fn else out
 
 
-v_kernel_layout_of = v_kernel_layout  # prepare's argument of that name hides the function there
-
-
 def v_from_kernel_layout(vt: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """The inverse of v_kernel_layout: (batch, seqlen_k, nheads, head_dim_v)."""
     b, h, d, sp = vt.shape
@@ -197,7 +194,7 @@ def default_block_rows(head_dim: int) -> tuple[int, int]:
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Granularity = "block",
             block_size: int | tuple[int, int] | None = None, hadamard: bool = True, seed: int = 0,
-            power_of_two_scales: bool = True, v_kernel_layout: bool = True) -> Fp8Inputs:
+            power_of_two_scales: bool = True, kernel_v_layout: bool = True) -> Fp8Inputs:
     """FP8 inputs for ``fa3gen.fp8_ops.flash_attn_fp8_func`` from 16- or 32-bit q, k, v
     (batch, seqlen, nheads, head_dim): Q and K through the random-sign Hadamard transform (when
     `hadamard`; it leaves Q·Kᵀ unchanged), all three quantized to e4m3 with one scale per tensor,
@@ -211,7 +208,8 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     kernel moves V's block factors into P, exactly only when their ratios are powers of two; and
     on the FA3 paper's experiment (emulated) they also lower the RMSE at 8k (9.42e-3 -> 8.96e-3).
 
-    v_kernel_layout: V in the default kernels' layout (``v_kernel_layout``, one permuted copy).
+    kernel_v_layout: V in the default kernels' layout (``v_kernel_layout``, one permuted copy; the
+    result's ``v.kernel_v_layout``).
     False keeps V as (batch, seqlen_k, nheads, head_dim_v), for the kernels that transpose it in
     shared memory themselves (``KernelSpec.v_transpose_in_kernel``, which
     ``fa3gen.fp8_ops.flash_attn_fp8_func`` then picks).
@@ -228,8 +226,8 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
         q, k = incoherent(q, k, seed)
     qq, kq, vq = (quantize_e4m3(t, granularity, rows, power_of_two_scales)
                   for t, rows in ((q, q_rows), (k, kv_rows), (v, kv_rows)))
-    if v_kernel_layout:
-        vq = Quantized(v_kernel_layout_of(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True,
+    if kernel_v_layout:
+        vq = Quantized(v_kernel_layout(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True,
                        power_of_two=vq.power_of_two)
     return Fp8Inputs(qq, kq, vq, int(v.shape[1]), seed if hadamard else None)
 

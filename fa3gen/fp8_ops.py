@@ -35,9 +35,11 @@ def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, wi
     """The default e4m3 kernel (registry.default_fp8_spec), memoized; power_of_two_v_scales=False
     (V's block ratios inexact) takes the eager rescale where the default is lazy."""
     # The flag picks another kernel only where the default rescales lazily: elsewhere one entry.
-    lazy_default = _lazy_rescale_default({"dtype": "e4m3", "head_dim_v": int(head_dim_v), "window": bool(window)})
-    key = ("e4m3", int(head_dim), int(head_dim_v), out_dtype, bool(causal), bool(window),
-           bool(power_of_two_v_scales) or not lazy_default, bool(v_transpose_in_kernel))
+    # (Asked only for inexact scales, so the common call does not build the defaults' dict.)
+    exact = bool(power_of_two_v_scales) or not _lazy_rescale_default(
+        {"dtype": "e4m3", "head_dim_v": int(head_dim_v), "window": bool(window)})
+    key = ("e4m3", int(head_dim), int(head_dim_v), out_dtype, bool(causal), bool(window), exact,
+           bool(v_transpose_in_kernel))
     kern = ops._KERNELS.get(key)
     return kern if kern is not None else ops._compile_memoized(key, "default_fp8_spec", key[1:])
 
@@ -138,7 +140,7 @@ def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: boo
     if spec.v_transpose_in_kernel != transposes_v:
         raise ValueError(f"fa3gen: kernel {spec.name} takes V " + (
             "as (batch, seqlen_k, nheads_kv, head_dim_v) and transposes it itself, but v is in the kernel layout "
-            "(fa3gen.fp8.prepare(..., v_kernel_layout=False) keeps it)" if spec.v_transpose_in_kernel else
+            "(fa3gen.fp8.prepare(..., kernel_v_layout=False) keeps it)" if spec.v_transpose_in_kernel else
             "in the kernel layout (fa3gen.fp8.v_kernel_layout), but v is (batch, seqlen_k, nheads_kv, head_dim_v): "
             "pass a spec with v_transpose_in_kernel=True"))
     if spec.causal != causal:

@@ -117,7 +117,7 @@ def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: t
             continue
         key = ((spec.block_m, spec.block_n), not spec.v_transpose_in_kernel)
         if key not in per_tile:
-            per_tile[key] = fp8.prepare(q, k, v, "block", key[0], hadamard=True, v_kernel_layout=key[1])
+            per_tile[key] = fp8.prepare(q, k, v, "block", key[0], hadamard=True, kernel_v_layout=key[1])
         fn = fns[f"fp8 {spec.name}"] = lambda kernel=kernel, x=per_tile[key]: fp8_ops.flash_attn_fp8_func(
             x, scale, causal, kernel=kernel)
         diff = float((fn().float() - ref.float()).norm() / ref.float().norm())

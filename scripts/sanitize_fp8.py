@@ -39,7 +39,7 @@ for b, sq, sk, hq, hkv, d, causal, granularity, changes in CASES:
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
-    inputs = fp8.prepare(q, k, v, granularity, v_kernel_layout=not changes.get("v_transpose_in_kernel", False))
+    inputs = fp8.prepare(q, k, v, granularity, kernel_v_layout=not changes.get("v_transpose_in_kernel", False))
     kernel = fa3gen.compile(fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **changes))
     out = fp8_ops.flash_attn_fp8_func(inputs, causal=causal, kernel=kernel)
     torch.cuda.synchronize()

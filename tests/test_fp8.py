@@ -619,7 +619,7 @@ def test_check_inputs_takes_v_as_the_model_holds_it():
     that transpose it themselves; its shape is checked like that."""
     q, k, v = _gqa_inputs()
     x = fp8.prepare(q, k, v)
-    natural = fp8.prepare(q, k, v, v_kernel_layout=False)
+    natural = fp8.prepare(q, k, v, kernel_v_layout=False)
     assert not natural.v.kernel_v_layout and natural.v.data.shape == v.shape and natural.head_dim_v == v.shape[3]
     assert torch.equal(natural.dequantized()[2], x.dequantized()[2])
     with pytest.raises(ValueError, match=r"q is on cpu; fa3gen kernels run on CUDA"):
@@ -750,13 +750,13 @@ def test_v_transpose_in_kernel_spec():
 
 
 def test_checked_kernel_matches_the_v_layout(monkeypatch):
-    """V as the model holds it (prepare(v_kernel_layout=False)) takes the kernel that transposes
+    """V as the model holds it (prepare(kernel_v_layout=False)) takes the kernel that transposes
     it; a kernel for the other layout is refused either way."""
     compiled = []
     monkeypatch.setattr(fa3gen, "compile", lambda spec: compiled.append(spec) or type("K", (), {"spec": spec})())
     monkeypatch.setattr(ops, "_KERNELS", {})
     q, k, v = _gqa_inputs()
-    natural, pre = fp8.prepare(q, k, v, v_kernel_layout=False), fp8.prepare(q, k, v)
+    natural, pre = fp8.prepare(q, k, v, kernel_v_layout=False), fp8.prepare(q, k, v)
     assert fp8_ops._checked_kernel(natural, "bf16", True, False).spec.v_transpose_in_kernel
     assert not fp8_ops._checked_kernel(pre, "bf16", True, False).spec.v_transpose_in_kernel
     vtk, plain = (type("K", (), {"spec": KernelSpec(head_dim=128, dtype="e4m3", v_transpose_in_kernel=t)})()

@@ -119,7 +119,7 @@ def test_fp8_v_transposed_in_kernel(spec, granularity):
     sq != sk, many tiles per CTA."""
     for i, (b, sq, sk, hq, hkv) in enumerate(SHAPES + [(8, 1000, 1000, 16, 4), (3, 300, 2049, 4, 4)]):
         q, k, v = (ramped(b, s, h, 128, 90 + 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
-        natural = fp8.prepare(q, k, v, granularity, hadamard=True, seed=i, v_kernel_layout=False)
+        natural = fp8.prepare(q, k, v, granularity, hadamard=True, seed=i, kernel_v_layout=False)
         assert fp8_ops._checked_kernel(natural, "bf16", spec.causal, False).spec == spec  # the default for this V
         check(natural, spec.causal)
         out, lse = run_poisoned(natural, spec.causal)
