@@ -8,7 +8,7 @@ ABI_VERSION = 7
 MAX_SCALAR_ARGS = 8
 MAX_TENSOR_ARGS = 8
 MAX_TENSOR_DIMS = 4
-KINDS = ("fwd", "bwd")  # KernelSpec.kind: which pair of symbols a library exports
+KINDS = ("fwd", "bwd", "fp8_prepare")  # the spec's kind: which symbols a library exports
 
 
 def _stride_fields(*tensors: str) -> list[str]:
@@ -62,16 +62,40 @@ class BwdParams(ctypes.Structure):
     )
 
 
+class Fp8PrepareParams(ctypes.Structure):
+    """The fused fp8 prepare kernels' arguments (Fa3genFp8PrepareParams of fp8_prepare.cu.j2):
+    input, output and scale pointers with element strides, the signs of the Hadamard transform
+    (NULL: none), the amax buffer, sizes, rows per scale block, and how the scales are made."""
+
+    _fields_ = (
+        [("x", ctypes.c_void_p)] + [(f"x_{s}_stride", ctypes.c_int64) for s in ("batch", "row", "head")]
+        + [("out", ctypes.c_void_p)] + [(f"out_{s}_stride", ctypes.c_int64) for s in ("batch", "row", "head")]
+        + [("signs", ctypes.c_void_p), ("amax", ctypes.c_void_p), ("scale", ctypes.c_void_p)]
+        + [(f"scale_{s}_stride", ctypes.c_int64) for s in ("batch", "block", "head")]
+        + [(name, ctypes.c_int32) for name in ("batch", "seqlen", "nheads", "block_rows", "padded_keys",
+                                               "granularity", "power_of_two")]
+    )
+
+
+FP8_PREPARE_ENTRY_POINTS = ("fa3gen_fp8_amax", "fa3gen_fp8_scales", "fa3gen_fp8_quantize", "fa3gen_fp8_quantize_v_layout")
+FP8_SCALE_GRANULARITY = {"block": 0, "head": 1, "tensor": 2}  # Fp8PrepareParams.granularity
+
+
 def bind(lib: ctypes.CDLL, kind: str = "fwd") -> ctypes.CDLL:
-    """Declare the exported symbols' signatures on a loaded kernel library of this kind ("fwd" or
-    "bwd"): the two every library exports and the launch pair of its kind (the other pair is absent)."""
+    """Declare the exported symbols' signatures on a loaded kernel library of this kind ("fwd",
+    "bwd" or "fp8_prepare"): the two every library exports and the launch symbols of its kind (the
+    others are absent)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     lib.fa3gen_abi_version.restype = ctypes.c_int
     lib.fa3gen_abi_version.argtypes = []
     lib.fa3gen_spec_json.restype = ctypes.c_char_p
     lib.fa3gen_spec_json.argtypes = []
-    if kind == "fwd":
+    if kind == "fp8_prepare":
+        for name in FP8_PREPARE_ENTRY_POINTS:
+            getattr(lib, name).restype = ctypes.c_int
+            getattr(lib, name).argtypes = [ctypes.POINTER(Fp8PrepareParams), ctypes.c_void_p]
+    elif kind == "fwd":
         lib.fa3gen_fwd_workspace_bytes.restype = ctypes.c_int
         lib.fa3gen_fwd_workspace_bytes.argtypes = []
         lib.fa3gen_fwd.restype = ctypes.c_int

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__, cache, toolchain
-from .render import include_dir, render
-from .spec import KernelSpec
+from .render import BuildSpec, include_dir, render
 
 
 class BuildError(RuntimeError):
@@ -39,7 +38,7 @@ def jit_disabled() -> bool:
 class Plan:
     """A spec rendered and keyed: everything needed to find or build its cache entry."""
 
-    spec: KernelSpec
+    spec: BuildSpec
     source: str
     headers: str  # digest of the plain headers the source includes
     key: str
@@ -52,7 +51,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class BuildResult:
-    spec: KernelSpec
+    spec: BuildSpec
     entry: cache.Entry
     key: str
     seconds: float  # compile time; 0.0 for a cache hit
@@ -63,7 +62,7 @@ class BuildResult:
         return self.entry.path
 
 
-def plan(spec: KernelSpec) -> Plan:
+def plan(spec: BuildSpec) -> Plan:
     source = render(spec)
     headers = cache.headers_digest(include_dir())
     root = cache.cache_root()
@@ -166,7 +165,7 @@ def _compile(p: Plan) -> BuildResult:
     return BuildResult(p.spec, entry, p.key, seconds, cached=False)
 
 
-def _no_jit_error(spec: KernelSpec, root: Path) -> JitDisabledError:
+def _no_jit_error(spec: BuildSpec, root: Path) -> JitDisabledError:
     return JitDisabledError(
         f"FA3GEN_NO_JIT is set and kernel {spec.name} is not in the cache {root}.\n"
         f"spec: {spec.canonical_json()}\n"
@@ -174,7 +173,7 @@ def _no_jit_error(spec: KernelSpec, root: Path) -> JitDisabledError:
     )
 
 
-def build(spec: KernelSpec) -> BuildResult:
+def build(spec: BuildSpec) -> BuildResult:
     """The spec's cache entry: found valid, or compiled (once across processes) and installed."""
     p = plan(spec)
     if p.entry.is_valid():
@@ -188,7 +187,7 @@ def build(spec: KernelSpec) -> BuildResult:
 
 
 def build_many(
-    specs: Iterable[KernelSpec],
+    specs: Iterable[BuildSpec],
     jobs: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[BuildResult]:
@@ -203,7 +202,7 @@ def build_many(
     say = progress or (lambda line: None)
     total = len(specs)
 
-    def one(index: int, spec: KernelSpec) -> BuildResult | Exception:
+    def one(index: int, spec: BuildSpec) -> BuildResult | Exception:
         tag = f"[{index + 1}/{total}] {spec.name}"
         say(f"{tag}: building")
         try:

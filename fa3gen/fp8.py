@@ -1,7 +1,8 @@
 """FP8 (e4m3) input preparation: block quantization and incoherent processing.
 
-These are the torch-side halves of FP8 attention (FA3 paper, section 3.3): they run on any device
-(CPU included) and need no compiled kernel.
+These are the input halves of FP8 attention (FA3 paper, section 3.3), written in torch: they run
+on any device (CPU included) and need no compiled kernel. On Hopper, ``prepare`` runs the same
+steps as fused kernels instead (``fa3gen.fp8_prepare``).
 
 * Quantization to float8_e4m3fn with one scale per tensor, per (batch, head), or per block of
   `block_size` sequence rows of one (batch, head): a block's outliers then cost precision only in
@@ -20,12 +21,14 @@ These are the torch-side halves of FP8 attention (FA3 paper, section 3.3): they 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+INV_E4M3_MAX = 1.0 / E4M3_MAX  # exact in fp32 only after rounding: scales are amax times its fp32 value
 Granularity = Literal["tensor", "head", "block"]
 KEY_GROUP = 32  # keys per fp8 P·V WGMMA (its K): V's keys are padded to and permuted within these
 
@@ -95,6 +98,25 @@ def _expand_scale(q: Quantized, shape: torch.Size) -> torch.Tensor:
     return rows[..., None]
 
 
+def scales_from_amax(amax: torch.Tensor, power_of_two: bool = False) -> torch.Tensor:
+    """float32 descales from the largest |value| of each scale's group: amax / 448 (as amax times
+    fp32(1 / 448)), or that rounded up to a power of two. Shared by ``quantize_e4m3`` and the fused prepare kernels."""
+    # Any scale is exact for an all-zero block; it takes the smallest of the others (1 if all are
+    # zero), not 1: a lazy-rescale kernel's O unit moves to any larger V scale, and one from an
+    # empty block would force rescales (and shrink the other blocks' ratios) for nothing.
+    smallest = torch.where(amax > 0, amax, torch.inf).amin()  # no host sync
+    fill = torch.where(smallest.isinf(), E4M3_MAX, smallest)
+    # Times the fp32 reciprocal, not a division: torch divides a CUDA tensor by a Python scalar as
+    # a multiplication by its reciprocal, on the CPU exactly; a product is the same everywhere.
+    scale = (torch.where(amax > 0, amax, fill) * INV_E4M3_MAX).float()
+    if power_of_two:
+        # scale = m * 2^e with m in [0.5, 1): the next power of two up is 2^e, or scale itself when
+        # m is 0.5 (exact, where exp2(ceil(log2(scale))) could round the wrong way).
+        mantissa, exponent = torch.frexp(scale)
+        scale = torch.ldexp(torch.ones_like(scale), torch.where(mantissa == 0.5, exponent - 1, exponent))
+    return scale
+
+
 def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_size: int = 128,
                   power_of_two: bool = False) -> Quantized:
     """Quantizes x (batch, seqlen, nheads, head_dim) to float8_e4m3fn, scaled per `granularity`.
@@ -115,14 +137,7 @@ def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_siz
         nblocks = math.ceil(s / block_size)
         padded = torch.nn.functional.pad(xf, (0, 0, 0, 0, 0, nblocks * block_size - s))
         amax = padded.view(b, nblocks, block_size, h, d).abs().amax(dim=(2, 4))  # (b, nblocks, h)
-    # Any scale is exact for an all-zero block; it takes the smallest of the others (1 if all are
-    # zero), not 1: a lazy-rescale kernel's O unit moves to any larger V scale, and one from an
-    # empty block would force rescales (and shrink the other blocks' ratios) for nothing.
-    smallest = torch.where(amax > 0, amax, torch.inf).amin()  # no host sync
-    fill = torch.where(smallest.isinf(), E4M3_MAX, smallest)
-    scale = (torch.where(amax > 0, amax, fill) / E4M3_MAX).float()
-    if power_of_two:
-        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    scale = scales_from_amax(amax, power_of_two)
     q = Quantized(torch.empty(0), scale, granularity, block_size if granularity == "block" else None)
     data = (xf / _expand_scale(q, xf.shape)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return Quantized(data, scale, granularity, q.block_size, power_of_two=power_of_two)
@@ -194,7 +209,7 @@ def default_block_rows(head_dim: int) -> tuple[int, int]:
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Granularity = "block",
             block_size: int | tuple[int, int] | None = None, hadamard: bool = True, seed: int = 0,
-            power_of_two_scales: bool = True, kernel_v_layout: bool = True) -> Fp8Inputs:
+            power_of_two_scales: bool = True, kernel_v_layout: bool = True, fused: bool | None = None) -> Fp8Inputs:
     """FP8 inputs for ``fa3gen.fp8_ops.flash_attn_fp8_func`` from 16- or 32-bit q, k, v
     (batch, seqlen, nheads, head_dim): Q and K through the random-sign Hadamard transform (when
     `hadamard`; it leaves Q·Kᵀ unchanged), all three quantized to e4m3 with one scale per tensor,
@@ -213,6 +228,13 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     False keeps V as (batch, seqlen_k, nheads, head_dim_v), for the kernels that transpose it in
     shared memory themselves (``KernelSpec.v_transpose_in_kernel``, which
     ``fa3gen.fp8_ops.flash_attn_fp8_func`` then picks).
+
+    fused: run the fused prepare kernels (``fa3gen.fp8_prepare``: Hadamard, amax, cast and V's
+    layout in a few memory-bound passes, JIT-compiled like the attention kernels) instead of
+    torch ops. None: when every input allows it (CUDA tensors on Hopper, bf16/fp16/fp32, head dims
+    multiples of 32 up to 256, rows 16-byte aligned) and a compiler or a cached build is there.
+    True: an error says why not. The quantization is the same; the fused transform runs in fp32,
+    where torch's GEMM rounds Q and K times the Hadamard to their dtype first.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_bshd(t, name)
@@ -222,6 +244,16 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
         q_rows = kv_rows = block_size
     else:
         q_rows, kv_rows = block_size
+    if hadamard and q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k head dims differ: {q.shape[-1]} vs {k.shape[-1]}")
+    if _use_fused(fused, q, k, v):
+        from . import fp8_prepare
+
+        seed_or_none = seed if hadamard else None
+        qq, kq = (fp8_prepare.quantize(t, granularity, rows, power_of_two_scales, seed_or_none)
+                  for t, rows in ((q, q_rows), (k, kv_rows)))
+        vq = fp8_prepare.quantize(v, granularity, kv_rows, power_of_two_scales, kernel_v_layout=kernel_v_layout)
+        return Fp8Inputs(qq, kq, vq, int(v.shape[1]), seed_or_none)
     if hadamard:
         q, k = incoherent(q, k, seed)
     qq, kq, vq = (quantize_e4m3(t, granularity, rows, power_of_two_scales)
@@ -230,6 +262,30 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
         vq = Quantized(v_kernel_layout(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True,
                        power_of_two=vq.power_of_two)
     return Fp8Inputs(qq, kq, vq, int(v.shape[1]), seed if hadamard else None)
+
+
+def _use_fused(fused: bool | None, *tensors: torch.Tensor) -> bool:
+    """Whether prepare runs the fused kernels (see its `fused`)."""
+    if fused is False:
+        return False
+    from . import fp8_prepare
+
+    reasons = [f"{name}: {why}" for name, t in zip("qkv", tensors) if (why := fp8_prepare.unsupported_reason(t))]
+    if fused is None and not reasons:
+        from .build import JitDisabledError
+        from .toolchain import ToolchainError
+
+        try:
+            fp8_prepare.kernel_for(tensors[0])  # compiled once (then cached): fall back if it cannot be
+            for t in tensors[1:]:
+                fp8_prepare.kernel_for(t)
+        except (ToolchainError, JitDisabledError) as exc:
+            warnings.warn(f"fa3gen.fp8.prepare: the fused kernels are unavailable ({exc}); using torch ops",
+                          stacklevel=3)
+            return False
+    if fused and reasons:
+        raise ValueError("fa3gen.fp8.prepare(fused=True) cannot use the fused kernels: " + "; ".join(reasons))
+    return not reasons
 
 
 def hadamard_transform(x: torch.Tensor) -> torch.Tensor:

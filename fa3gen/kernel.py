@@ -8,15 +8,14 @@ from pathlib import Path
 
 from . import abi, cache, toolchain
 from .build import BuildResult, build
-from .render import templates_dir
-from .spec import KernelSpec
+from .render import BuildSpec, spec_from_json, templates_dir
 
 
 class CompiledKernel:
-    """One kernel library: dlopen'ed, ABI-checked, callable with raw FwdParams (a forward spec) or
-    BwdParams (a backward spec, ``spec.kind == "bwd"``)."""
+    """One kernel library: dlopen'ed, ABI-checked, callable with raw FwdParams (a forward spec),
+    BwdParams (a backward spec, ``spec.kind == "bwd"``) or Fp8PrepareParams (an Fp8PrepareSpec)."""
 
-    def __init__(self, spec: KernelSpec, result: BuildResult, lib: ctypes.CDLL) -> None:
+    def __init__(self, spec: BuildSpec, result: BuildResult, lib: ctypes.CDLL) -> None:
         self._spec = spec
         self._result = result
         self._lib = lib
@@ -26,7 +25,7 @@ class CompiledKernel:
         self._workspace_bytes = int(lib.fa3gen_fwd_workspace_bytes()) if self._is_fwd else None
 
     @property
-    def spec(self) -> KernelSpec:
+    def spec(self) -> BuildSpec:
         return self._spec
 
     @property
@@ -46,10 +45,11 @@ class CompiledKernel:
     def build_result(self) -> BuildResult:
         return self._result
 
-    def _wrong_kind(self, what: str) -> TypeError:
-        want = "bwd" if self._is_fwd else "fwd"
+    def _wrong_kind(self, what: str, want: str | None = None) -> TypeError:
+        want = want or ("bwd" if self._is_fwd else "fwd")
+        model = "Fp8PrepareSpec" if want == "fp8_prepare" else f"KernelSpec(kind={want!r}, ...)"
         return TypeError(f"fa3gen kernel {self._spec.name} is a {self._spec.kind} kernel; {what} needs a "
-                         f"{want} kernel (KernelSpec(kind={want!r}, ...))")
+                         f"{want} kernel ({model})")
 
     @property
     def workspace_bytes(self) -> int:
@@ -71,8 +71,8 @@ class CompiledKernel:
     def bwd_workspace_bytes(self, params: abi.BwdParams) -> int:
         """Device scratch (bytes, 256-byte aligned) the backward launch of this problem needs in
         ``params.workspace``; reads the sizes in params, not the pointers."""
-        if self._is_fwd:
-            raise self._wrong_kind("bwd_workspace_bytes()")
+        if self.kind != "bwd":
+            raise self._wrong_kind("bwd_workspace_bytes()", "bwd")
         nbytes = int(self._lib.fa3gen_bwd_workspace_bytes(ctypes.byref(params)))
         if nbytes < 0:
             raise RuntimeError(f"fa3gen kernel {self._spec.name} asked for {nbytes} bytes of workspace")
@@ -80,11 +80,21 @@ class CompiledKernel:
 
     def bwd(self, params: abi.BwdParams, stream: int) -> None:
         """Launch the backward kernels on `stream` (a cudaStream_t as an int; 0 = default stream)."""
-        if self._is_fwd:
-            raise self._wrong_kind("bwd()")
+        if self.kind != "bwd":
+            raise self._wrong_kind("bwd()", "bwd")
         err = self._lib.fa3gen_bwd(ctypes.byref(params), ctypes.c_void_p(stream or None))
         if err != 0:
             raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
+
+    def fp8_prepare(self, entry: str, params: abi.Fp8PrepareParams, stream: int) -> None:
+        """Launch one fused fp8 prepare kernel (``abi.FP8_PREPARE_ENTRY_POINTS``) on `stream`."""
+        if self.kind != "fp8_prepare":
+            raise self._wrong_kind("fp8_prepare()", "fp8_prepare")
+        if entry not in abi.FP8_PREPARE_ENTRY_POINTS:
+            raise ValueError(f"entry must be one of {abi.FP8_PREPARE_ENTRY_POINTS}, got {entry!r}")
+        err = getattr(self._lib, entry)(ctypes.byref(params), ctypes.c_void_p(stream or None))
+        if err != 0:
+            raise RuntimeError(f"fa3gen kernel {self._spec.name} ({entry}) failed: CUDA error {err}")
 
     def __call__(self, q, k, v, softmax_scale: float | None = None, return_lse: bool = False, **variant):
         """Attention with this kernel on torch tensors: ``fa3gen.ops.run_kernel`` (causal from the
@@ -100,8 +110,8 @@ class CompiledKernel:
         """Gradients (dq, dk, dv) with this backward kernel on torch tensors:
         ``fa3gen.ops.run_bwd_kernel`` (causal and deterministic from the spec; the variants' values
         by keyword, as the forward got them)."""
-        if self._is_fwd:
-            raise self._wrong_kind("backward()")
+        if self.kind != "bwd":
+            raise self._wrong_kind("backward()", "bwd")
         from .ops import run_bwd_kernel
 
         return run_bwd_kernel(self, dout, q, k, v, out, lse, softmax_scale=softmax_scale, **variant)
@@ -114,7 +124,7 @@ class _EntryMismatch(RuntimeError):
     """The library is not the one the spec asks for (stale ABI, or the wrong spec)."""
 
 
-def _load(spec: KernelSpec, result: BuildResult) -> ctypes.CDLL:
+def _load(spec: BuildSpec, result: BuildResult) -> ctypes.CDLL:
     """dlopen the entry's library and check it is the ABI and the spec we asked for."""
     lib = ctypes.CDLL(str(result.entry.library), mode=ctypes.RTLD_LOCAL)
     try:
@@ -150,8 +160,8 @@ _building: dict[tuple[str, ...], threading.Lock] = {}  # one builder per spec; o
 _lock = threading.Lock()  # guards the three dicts, never held while compiling
 
 
-def _as_spec(spec: KernelSpec | str) -> KernelSpec:
-    return spec if isinstance(spec, KernelSpec) else KernelSpec.from_json(spec)
+def _as_spec(spec: BuildSpec | str) -> BuildSpec:
+    return spec_from_json(spec) if isinstance(spec, str) else spec
 
 
 def _nvcc_or_empty() -> str:
@@ -167,7 +177,7 @@ def _memoized(env: tuple[str, ...]) -> CompiledKernel | None:
         return _memo.get(key) if key is not None else None
 
 
-def compile(spec: KernelSpec | str) -> CompiledKernel:  # noqa: A001 - the public name is fa3gen.compile
+def compile(spec: BuildSpec | str) -> CompiledKernel:  # noqa: A001 - the public name is fa3gen.compile
     """The loaded kernel for a spec (or its JSON): memoized in-process, else cached on disk, else built."""
     spec = _as_spec(spec)
     # Everything in-process the cache key depends on, so a warm call skips rendering and hashing.

@@ -1,4 +1,4 @@
-"""Render a KernelSpec into CUDA C++ source through the Jinja templates."""
+"""Render a spec (a KernelSpec, or an Fp8PrepareSpec) into CUDA C++ source through the Jinja templates."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from pathlib import Path
 import jinja2
 
 from . import abi
+from .prepare_spec import Fp8PrepareSpec
 from .spec import KernelSpec
 
 ENTRY_TEMPLATE = "fwd_kernel.cu.j2"
-ENTRY_TEMPLATES = {"fwd": ENTRY_TEMPLATE, "bwd": "bwd_kernel.cu.j2"}  # by KernelSpec.kind
+# By the spec's kind: attention forward and backward (KernelSpec), fp8 input preparation.
+ENTRY_TEMPLATES = {"fwd": ENTRY_TEMPLATE, "bwd": "bwd_kernel.cu.j2", "fp8_prepare": "fp8_prepare.cu.j2"}
+# Everything that renders, builds into a cache entry and loads as a kernel library.
+BuildSpec = KernelSpec | Fp8PrepareSpec
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -52,7 +56,14 @@ def _environment(root: Path) -> jinja2.Environment:
     )
 
 
-def render(spec: KernelSpec) -> str:
+def spec_from_json(text: str) -> BuildSpec:
+    """The spec a canonical JSON text describes (its "kind" says which model)."""
+    if '"kind":"fp8_prepare"' in text.replace(" ", ""):
+        return Fp8PrepareSpec.from_json(text)
+    return KernelSpec.from_json(text)
+
+
+def render(spec: BuildSpec) -> str:
     """The CUDA source of one spec. Deterministic: same spec and templates give the same text."""
     template = _environment(templates_dir()).get_template(ENTRY_TEMPLATES[spec.kind])
     return template.render(spec=spec, abi_version=abi.ABI_VERSION)

@@ -129,7 +129,8 @@ def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: t
         else:
             ms[name] = t
     ms["v_kernel_layout"] = timed(lambda: fp8.v_kernel_layout(v8))
-    ms["prepare"] = timed(lambda: fp8.prepare(q, k, v, "block", hadamard=True))
+    ms["prepare"] = timed(lambda: fp8.prepare(q, k, v, "block", hadamard=True))  # fused kernels on Hopper
+    ms["prepare_torch"] = timed(lambda: fp8.prepare(q, k, v, "block", hadamard=True, fused=False))
     tf = {name: flops / t / 1e9 for name, t in ms.items() if name.startswith(("fp8", "bf16", "cudnn_bf16"))}
     for name, value in tf.items():
         if name.startswith("fp8 "):
@@ -152,8 +153,8 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__}")
     ceil = gemm_ceilings()
     print(f"torch._scaled_mm e4m3 8192^3: {ceil['scaled_mm_fp8']:.1f} TFLOP/s · bf16 matmul: {ceil['matmul_bf16']:.1f}")
-    print("| case | fa3gen fp8 | fa3gen bf16 | cuDNN bf16 | fp8/bf16 | fp8/scaled_mm | V layout ms | prepare ms | fp8 vs bf16 rel diff |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| case | fa3gen fp8 | fa3gen bf16 | cuDNN bf16 | fp8/bf16 | fp8/scaled_mm | V layout ms | prepare ms (fused) | prepare ms (torch ops) | fp8 vs bf16 rel diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     hdims, seqlens = ([int(x) for x in a.split(",")] for a in (args.hdim, args.seqlens))
     for d, s, b, h, causal in bench_cases(hdims, seqlens, (False, True)):
@@ -162,7 +163,7 @@ def main() -> int:
         tf, ms = r["tflops"], r["ms"]
         print(f"| d{d} s{s} b{b} h{h}{' causal' if causal else ''} | {tf['fp8']:.1f} | "
               f"{tf['bf16']:.1f} | {tf['cudnn_bf16']:.1f} | {tf['fp8'] / tf['bf16']:.2f}x | "
-              f"{tf['fp8'] / ceil['scaled_mm_fp8']:.2f} | {ms['v_kernel_layout']:.3f} | {ms['prepare']:.3f} | "
+              f"{tf['fp8'] / ceil['scaled_mm_fp8']:.2f} | {ms['v_kernel_layout']:.3f} | {ms['prepare']:.3f} | {ms['prepare_torch']:.3f} | "
               f"{r['fp8_vs_bf16_rel_diff']:.1e} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"ceilings": ceil, "cases": rows}, indent=1))
