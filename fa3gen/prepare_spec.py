@@ -15,7 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-LANES = 32  # one warp transforms one row: each lane holds head_dim / 32 of its values
+LANES = 32  # head dims are multiples of a warp's lanes (the V layout kernel: a lane per key)
+ROW_LANES = 8  # lanes that share a row in the Hadamard kernels: each holds head_dim / 8 values
 MAX_HEAD_DIM = 256
 InputDtype = Literal["bf16", "fp16", "fp32"]
 CXX_INPUT_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
@@ -45,15 +46,20 @@ class Fp8PrepareSpec(BaseModel):
         return self.head_dim & -self.head_dim
 
     @property
-    def lane_values(self) -> int:
-        """Values of one Hadamard block that each lane holds."""
-        return self.hadamard_block // LANES
+    def row_lanes(self) -> int:
+        """Lanes that share one row (a warp loads 32 / row_lanes rows at once)."""
+        return ROW_LANES
 
     @property
-    def rows_in_flight(self) -> int:
-        """Rows one warp loads before it transforms any: 1 KB of values (4 rows at head dim 256,
-        16 at 64), enough bytes in flight per SM for the memory bandwidth at 24-64 warps."""
-        return 1 << max(2, (1024 // self.head_dim).bit_length() - 1)
+    def lane_values(self) -> int:
+        """Values of one Hadamard block that each of a row's lanes holds (4 to 32)."""
+        return self.hadamard_block // ROW_LANES
+
+    @property
+    def loads_in_flight(self) -> int:
+        """Loads (of 32 / row_lanes rows) one warp issues before it transforms any: 1024 values
+        (2 at head dim 256, 8 at 64), enough bytes in flight per SM at 24 or more warps."""
+        return 1 << max(0, (1024 * ROW_LANES // (LANES * self.head_dim)).bit_length() - 1)
 
     @property
     def hadamard_norm(self) -> str:

@@ -35,8 +35,8 @@ def test_spec_rejects_unknown_dtype_and_fields():
         Fp8PrepareSpec(head_dim=128, block_m=128)
 
 
-@pytest.mark.parametrize(("head_dim", "block", "lane_values"), [(64, 64, 2), (96, 32, 1), (128, 128, 4),
-                                                                  (192, 64, 2), (256, 256, 8)])
+@pytest.mark.parametrize(("head_dim", "block", "lane_values"), [(64, 64, 8), (96, 32, 4), (128, 128, 16),
+                                                                  (192, 64, 8), (256, 256, 32)])
 def test_hadamard_block_is_the_python_transforms(head_dim, block, lane_values):
     spec = Fp8PrepareSpec(head_dim=head_dim)
     assert (spec.hadamard_block, spec.lane_values) == (block, lane_values)
@@ -57,7 +57,7 @@ def test_spec_json_round_trip_and_kind_dispatch():
 def test_rendered_source_constants():
     source = render(Fp8PrepareSpec(head_dim=192, input_dtype="fp16"))
     assert "using Input = __half;" in source
-    assert "constexpr int kBlock = 64;" in source and "constexpr int kLaneValues = 2;" in source
+    assert "constexpr int kBlock = 64;" in source and "constexpr int kLaneValues = 8;" in source
     assert "constexpr float kNorm = 1.250000000e-01f;" in source  # 1 / sqrt(64)
     assert Fp8PrepareSpec(head_dim=192, input_dtype="fp16").canonical_json() in source
     for entry in abi.FP8_PREPARE_ENTRY_POINTS:
@@ -98,8 +98,8 @@ def test_params_struct_matches_the_template(tmp_path):
     assert py_fields == c_fields
 
 
-# Head dims with one value per lane (96: Hadamard blocks of 32), two blocks of 64 values (192),
-# and eight values per lane (256, fp32: two 16-byte loads each).
+# Head dims with four values per lane (96: Hadamard blocks of 32), three blocks of 64 values
+# (192), and 32 values per lane (256, fp32: eight 16-byte loads each).
 BUILT = [Fp8PrepareSpec(head_dim=96, input_dtype="bf16"), Fp8PrepareSpec(head_dim=192, input_dtype="fp16"),
          Fp8PrepareSpec(head_dim=256, input_dtype="fp32"), Fp8PrepareSpec(head_dim=128, input_dtype="bf16")]
 
