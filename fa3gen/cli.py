@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import cache, registry
+from .prepare_spec import Fp8PrepareSpec
 from .spec import KernelSpec
 
 _DEMO_TOLERANCE = 0.05  # max abs error vs fp32 SDPA: bf16 rounding gives ~1e-3, a wrong kernel ~1
@@ -23,9 +24,9 @@ def _repo_generated_dir() -> Path:
     return Path("generated")
 
 
-def _specs(args: argparse.Namespace) -> list[tuple[str, KernelSpec]]:
+def _specs(args: argparse.Namespace) -> list[tuple[str, KernelSpec | Fp8PrepareSpec]]:
     if args.all:
-        return list(registry.REGISTRY.items())
+        return list(registry.all_specs().items())
     if not args.spec:
         raise SystemExit("give a SPEC (registry name or JSON) or --all")
     spec = registry.resolve(args.spec)

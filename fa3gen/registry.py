@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .prepare_spec import Fp8PrepareSpec
 from .spec import SUPPORTED_HEAD_DIMS, KernelSpec
 
 _DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
@@ -108,19 +109,31 @@ REGISTRY.update({
     for causal in (False, True)
 })
 
+# fa3gen.fp8.prepare's fused kernels for the registry's e4m3 head dims and 16-bit inputs (fp32
+# inputs compile on first use). `fa3gen build --all` and `render --all` take them with REGISTRY.
+PREPARE_REGISTRY: dict[str, Fp8PrepareSpec] = {
+    spec.name: spec
+    for spec in (Fp8PrepareSpec(head_dim=d, input_dtype=dtype) for d in (64, 128, 256) for dtype in ("bf16", "fp16"))
+}
+
 # The spec `fa3gen demo` and the real-compile test build.
 REPRESENTATIVE = "fwd_d128_bf16"
 
 
-def registry_name(spec: KernelSpec) -> str | None:
+def all_specs() -> dict[str, KernelSpec | Fp8PrepareSpec]:
+    """Every prebuilt spec by name: the attention kernels, then the fp8 prepare kernels."""
+    return {**REGISTRY, **PREPARE_REGISTRY}
+
+
+def registry_name(spec: KernelSpec | Fp8PrepareSpec) -> str | None:
     """The short registry name of a spec, if it is one of the registry's."""
-    for name, candidate in REGISTRY.items():
+    for name, candidate in all_specs().items():
         if candidate == spec:
             return name
     return None
 
 
-def display_name(spec: KernelSpec) -> str:
+def display_name(spec: KernelSpec | Fp8PrepareSpec) -> str:
     """Registry name when there is one, else the spec's own (longer) name."""
     return registry_name(spec) or spec.name
 
@@ -193,14 +206,17 @@ def default_bwd_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, d
                       deterministic=bool(deterministic), window=bool(window), softcap=bool(softcap), alibi=bool(alibi))
 
 
-def resolve(text: str) -> KernelSpec:
+def resolve(text: str) -> KernelSpec | Fp8PrepareSpec:
     """A spec from the command line: a registry name, a spec's full name in the registry, or JSON."""
     text = text.strip()
     if text.startswith("{"):
-        return KernelSpec.from_json(text)
-    if text in REGISTRY:
-        return REGISTRY[text]
-    for spec in REGISTRY.values():
+        from .render import spec_from_json
+
+        return spec_from_json(text)
+    specs = all_specs()
+    if text in specs:
+        return specs[text]
+    for spec in specs.values():
         if spec.name == text:
             return spec
     raise ValueError(

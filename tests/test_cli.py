@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fa3gen import REGISTRY, render
+from fa3gen import REGISTRY, registry, render
 from fa3gen.cli import main
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -31,7 +31,17 @@ def test_render_json_and_all(tmp_path: Path) -> None:
     (written,) = (tmp_path / "one").iterdir()
     assert written.name.startswith("fwd_d128_bf16_causal_m") and written.suffix == ".cu"
     assert main(["render", "--all", "--out", str(tmp_path / "all")]) == 0
-    assert sorted(p.stem for p in (tmp_path / "all").iterdir()) == sorted(REGISTRY)
+    assert sorted(p.stem for p in (tmp_path / "all").iterdir()) == sorted(registry.all_specs())
+
+
+def test_render_fp8_prepare_spec_by_name_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """The fused fp8 prepare kernels are specs too: by registry name, or as JSON with their kind."""
+    assert main(["render", "fp8prep_d128_bf16"]) == 0
+    assert capsys.readouterr().out == render(registry.PREPARE_REGISTRY["fp8prep_d128_bf16"])
+    assert main(["render", '{"kind": "fp8_prepare", "head_dim": 192, "input_dtype": "fp32"}']) == 0
+    assert "using Input = float;" in capsys.readouterr().out
+    assert main(["render", '{"kind": "fp8_prepare", "head_dim": 80}']) == 2
+    assert "head_dim must be a multiple of 32" in capsys.readouterr().err
 
 
 def test_bad_spec_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
