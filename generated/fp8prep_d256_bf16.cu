@@ -87,7 +87,10 @@ __device__ __forceinline__ void load_values(const Input* src, float (&out)[N]) {
   for (int i = 0; i < N; ++i) out[i] = static_cast<float>(raw[i]);
 }
 
-// The orthonormal Walsh-Hadamard transform of one kBlock-value block held by a row's lanes.
+// The Walsh-Hadamard transform of one kBlock-value block held by a row's lanes, orthonormal
+// when `normalize` (the amax kernel scales its maximum instead: multiplying by a positive
+// constant and rounding keep the order, so that is the maximum of the scaled values).
+template <bool normalize = true>
 __device__ __forceinline__ void hadamard(float (&x)[kLaneValues], int lane) {
 #pragma unroll
   for (int h = 1; h < kLaneValues; h *= 2) {
@@ -102,15 +105,19 @@ __device__ __forceinline__ void hadamard(float (&x)[kLaneValues], int lane) {
   }
 #pragma unroll
   for (int m = 1; m < kRowLanes; m *= 2) {
-    const bool upper = lane & m;  // this lane holds the second value of each pair
+    // -1 where this lane holds the second value of each pair: other - x, else x + other, as one
+    // fma (the product is exact, so it rounds once, like the add).
+    const float side = (lane & m) ? -1.0f : 1.0f;
 #pragma unroll
     for (int i = 0; i < kLaneValues; ++i) {
       const float other = __shfl_xor_sync(0xffffffffu, x[i], m);
-      x[i] = upper ? other - x[i] : x[i] + other;
+      x[i] = fmaf(side, x[i], other);
     }
   }
+  if constexpr (normalize) {
 #pragma unroll
-  for (int i = 0; i < kLaneValues; ++i) x[i] *= kNorm;
+    for (int i = 0; i < kLaneValues; ++i) x[i] *= kNorm;
+  }
 }
 
 // This lane's share of the Hadamard signs as sign bits: bit g * kLaneValues + i is set where
@@ -148,15 +155,18 @@ struct LaneRow {
   }
 
   // The random-sign Hadamard transform (Q and K), when signs were given. Warp-uniform.
+  template <bool normalize = true>
   __device__ __forceinline__ void transform(uint32_t sign_bits, bool enabled, int lane) {
     if (!enabled) return;
 #pragma unroll
     for (int g = 0; g < kBlocks; ++g) {
 #pragma unroll
       for (int i = 0; i < kLaneValues; ++i) {
-        v[g][i] = __uint_as_float(__float_as_uint(v[g][i]) ^ (((sign_bits >> (g * kLaneValues + i)) & 1u) << 31));
+        // The sign bit moved to bit 31, masked and xor-ed in: a shift and one LOP3.
+        const int bit = g * kLaneValues + i;  // a constant once unrolled
+        v[g][i] = __uint_as_float(__float_as_uint(v[g][i]) ^ ((sign_bits << (31 - bit)) & 0x80000000u));
       }
-      hadamard(v[g], lane);
+      hadamard<normalize>(v[g], lane);
     }
   }
 };
@@ -231,7 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm) amax_kernel(cons
     }
 #pragma unroll
     for (int j = 0; j < kLoadsInFlight; ++j) {
-      r[j].transform(sign_bits, p.signs != nullptr, lane);  // rows past the end are zeros: no effect
+      r[j].transform</*normalize=*/false>(sign_bits, p.signs != nullptr, lane);  // rows past the end: zeros
 #pragma unroll
       for (int g = 0; g < kBlocks; ++g) {
 #pragma unroll
@@ -239,6 +249,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksPerSm) amax_kernel(cons
       }
     }
   }
+  if (p.signs != nullptr) amax *= kNorm;  // the transform's factor, kept out of the loop
 #pragma unroll
   for (int m = 16; m > 0; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
   __shared__ float per_warp[kWarps];
