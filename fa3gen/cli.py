@@ -41,6 +41,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
             f"{name:<24} {tile:>10} {spec.stages:>6} {spec.num_consumer_warpgroups:>3} "
             f"{spec.smem_bytes / 1024:>8.1f}KB  {spec.name}"
         )
+    print(f"\n{'fp8 prepare kernels':<24} {'input':>10} {'Hadamard block':>15}")
+    for name, spec in registry.PREPARE_REGISTRY.items():
+        print(f"{name:<24} {spec.input_dtype:>10} {spec.hadamard_block:>15}")
     return 0
 
 

@@ -18,6 +18,8 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     for name, spec in REGISTRY.items():
         assert name in out and spec.name in out
     assert "128x80" in out  # tiles shown
+    for name, spec in registry.PREPARE_REGISTRY.items():
+        assert any(line.split() == [name, spec.input_dtype, str(spec.hadamard_block)] for line in out.splitlines())
 
 
 def test_render_one_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:

@@ -184,3 +184,23 @@ def test_power_of_two_scales_are_exact(power):
         scale = fp8.scales_from_amax(amax, power_of_two=True)
         exact = (amax.double() / fp8.E4M3_MAX).item()
         assert scale.item() == want and scale.item() >= exact
+
+
+def test_prepare_falls_back_with_a_warning_when_the_kernels_cannot_be_built(monkeypatch):
+    """fused=None: inputs the kernels take, but no compiler and no cached build (FA3GEN_NO_JIT):
+    torch ops, with a warning that says why; fused=True then fails with the build's error."""
+    from fa3gen.build import JitDisabledError
+
+    def no_kernel(x):
+        raise JitDisabledError("FA3GEN_NO_JIT is set and kernel fp8prep_d64_fp32 is not in the cache")
+
+    monkeypatch.setattr(fp8_prepare, "unsupported_reason", lambda x: None)
+    monkeypatch.setattr(fp8_prepare, "kernel_for", no_kernel)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 100, 2, 64, generator=gen) for _ in range(3))
+    with pytest.warns(UserWarning, match="fused kernels are unavailable .*FA3GEN_NO_JIT.*using torch ops"):
+        auto = fp8.prepare(q, k, v)
+    ops = fp8.prepare(q, k, v, fused=False)
+    assert torch.equal(auto.q.data.view(torch.uint8), ops.q.data.view(torch.uint8))
+    with pytest.raises(JitDisabledError):
+        fp8.prepare(q, k, v, fused=True)
