@@ -1,6 +1,6 @@
 """Every kernel spec the GPU work of a device session needs: the registry (forward and backward,
 plus the deterministic backward specs), the GPU tests' own specs, the variant examples', the
-ablation's variants and the sanitizer's pingpong spec.
+ablation's variants, the sanitizer's pingpong spec and the fused fp8 prepare kernels.
 
 Usage: python scripts/gpu_specs.py            # one JSON spec per line
        python scripts/gpu_specs.py --build -j 16   # compile them all into the cache, in parallel
@@ -19,11 +19,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu"), str(ROOT / "examples")]
 
 import fa3gen  # noqa: E402
 from fa3gen import REGISTRY, KernelSpec, ablation, registry  # noqa: E402
+from fa3gen.prepare_spec import Fp8PrepareSpec  # noqa: E402
 
 PINGPONG_SPEC = KernelSpec(head_dim=128, causal=True, pingpong=True)  # device_run.sh sanitizes it
 
 
-def gpu_specs() -> list[KernelSpec]:
+def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
     import test_bwd_gpu
     import test_fp8_gpu
     import test_switches_gpu
@@ -47,7 +48,12 @@ def gpu_specs() -> list[KernelSpec]:
               registry.default_bwd_spec(128, 128, "bf16", True, window=True, softcap=True)]
     specs += [s for s in ablation.variants().values() if s is not None]
     specs.append(PINGPONG_SPEC)
-    unique: list[KernelSpec] = []
+    # fp8.prepare's fused kernels: test_fp8_prepare_gpu covers every input dtype of these head dims.
+    import test_fp8_prepare_gpu
+
+    specs += [Fp8PrepareSpec(head_dim=d, input_dtype=t) for d in test_fp8_prepare_gpu.HEAD_DIMS
+              for t in ("bf16", "fp16", "fp32")]
+    unique: list[KernelSpec | Fp8PrepareSpec] = []
     for spec in specs:
         if spec not in unique:
             unique.append(spec)
