@@ -202,7 +202,9 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sca
                   hadamard: bool = True,
                   seed: int = 0, return_lse: bool = False):
     """FP8 attention of 16/32-bit q, k, v (flash_attn_func's layout): Hadamard (optional), block
-    quantization to e4m3, the fp8 kernel; O in q's dtype when it is bf16/fp16, else bf16."""
+    quantization to e4m3 (``fa3gen.fp8.prepare``: fused kernels on Hopper), the fp8 kernel; O in
+    q's dtype when it is bf16/fp16, else bf16. To attend to the same inputs many times, prepare
+    once and call ``flash_attn_fp8_func``."""
     out_dtype = q.dtype if q.dtype in _OUT_DTYPES else torch.bfloat16
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
