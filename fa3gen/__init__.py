@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .build import BuildError, JitDisabledError, build, build_many, ptxas_report
 from .kernel import CompiledKernel, compile
+from .prepare_spec import Fp8PrepareSpec
 from .registry import REGISTRY, default_bwd_spec, default_spec, resolve
 from .render import render
 from .spec import KernelSpec
@@ -23,6 +24,7 @@ __all__ = [
     "REGISTRY",
     "BuildError",
     "CompiledKernel",
+    "Fp8PrepareSpec",
     "JitDisabledError",
     "KernelSpec",
     "ToolchainError",
