@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -74,50 +75,71 @@ def _signs(head_dim: int, seed: int, device: torch.device) -> torch.Tensor:
     return random_signs(head_dim, seed, device).contiguous()
 
 
+@dataclass
+class LaunchPlan:
+    """What quantize launches: the params of the amax and scales kernels (`reduce`) and of the
+    cast (`cast`, which reads the scales along the sequence), the cast's entry point, and the
+    buffers the params point at (they must outlive the launches)."""
+
+    reduce: abi.Fp8PrepareParams
+    cast: abi.Fp8PrepareParams
+    cast_entry: str
+    amax: torch.Tensor
+    out: Quantized
+
+
+def plan(x: torch.Tensor, granularity: Granularity, block_rows: int, power_of_two: bool,
+         signs: torch.Tensor | None, kernel_v_layout: bool) -> LaunchPlan:
+    """The launches of ``quantize`` with their buffers allocated beside x (host logic only)."""
+    if granularity not in abi.FP8_SCALE_GRANULARITY:
+        raise ValueError(f"granularity must be 'tensor', 'head' or 'block', got {granularity!r}")
+    if granularity == "block" and block_rows <= 0:
+        raise ValueError(f"block_size must be positive, got {block_rows}")
+    b, s, h, d = x.shape
+    amax_rows = block_rows if granularity == "block" else AMAX_ROWS
+    blocks = math.ceil(s / amax_rows)
+    amax = torch.empty((b, blocks, h), dtype=torch.float32, device=x.device)
+    scale_shape = {"block": (b, blocks, h), "head": (b, h), "tensor": ()}[granularity]
+    scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
+    if kernel_v_layout:
+        out = torch.empty((b, h, d, padded_keys(s)), dtype=torch.float8_e4m3fn, device=x.device)
+    else:
+        out = torch.empty((b, s, h, d), dtype=torch.float8_e4m3fn, device=x.device)
+    reduce = abi.Fp8PrepareParams(
+        x=x.data_ptr(), x_batch_stride=x.stride(0), x_row_stride=x.stride(1), x_head_stride=x.stride(2),
+        signs=signs.data_ptr() if signs is not None else None, amax=amax.data_ptr(), scale=scale.data_ptr(),
+        out=out.data_ptr(), batch=b, seqlen=s, nheads=h, block_rows=amax_rows, padded_keys=padded_keys(s),
+        granularity=abi.FP8_SCALE_GRANULARITY[granularity], power_of_two=int(power_of_two),
+    )
+    cast = abi.Fp8PrepareParams.from_buffer_copy(reduce)
+    # How the cast kernels index the scales: scale[b * sb + (row / block_rows) * sk + h * sh].
+    if granularity == "block":
+        cast.scale_batch_stride, cast.scale_block_stride, cast.scale_head_stride = blocks * h, h, 1
+    else:
+        cast.block_rows = _INT32_MAX  # row / block_rows = 0: one scale along the sequence
+        if granularity == "head":
+            cast.scale_batch_stride, cast.scale_head_stride = h, 1
+    if not kernel_v_layout:  # the V layout's strides are fixed by its shape
+        cast.out_batch_stride, cast.out_row_stride, cast.out_head_stride = out.stride()[:3]
+    entry = "fa3gen_fp8_quantize_v_layout" if kernel_v_layout else "fa3gen_fp8_quantize"
+    quantized = Quantized(out, scale, granularity, block_rows if granularity == "block" else None,
+                          kernel_v_layout=kernel_v_layout, power_of_two=power_of_two)
+    return LaunchPlan(reduce, cast, entry, amax, quantized)
+
+
 def quantize(x: torch.Tensor, granularity: Granularity, block_rows: int, power_of_two: bool,
              hadamard_seed: int | None = None, kernel_v_layout: bool = False) -> Quantized:
     """``fa3gen.fp8.quantize_e4m3(x, granularity, block_rows, power_of_two)`` with the fused
     kernels, of x times the random-sign Hadamard of `hadamard_seed` (None: x as it is), the result
     in the e4m3 kernel's V layout when `kernel_v_layout` (``fa3gen.fp8.v_kernel_layout``).
     The caller checks ``unsupported_reason(x)`` first."""
-    if granularity not in abi.FP8_SCALE_GRANULARITY:
-        raise ValueError(f"granularity must be 'tensor', 'head' or 'block', got {granularity!r}")
-    if granularity == "block" and block_rows <= 0:
-        raise ValueError(f"block_size must be positive, got {block_rows}")
     kernel = kernel_for(x)
-    b, s, h, d = x.shape
-    signs = _signs(d, hadamard_seed, x.device) if hadamard_seed is not None else None
-    amax_rows = block_rows if granularity == "block" else AMAX_ROWS
-    blocks = math.ceil(s / amax_rows)
-    amax = torch.empty((b, blocks, h), dtype=torch.float32, device=x.device)
-    scale_shape = {"block": (b, blocks, h), "head": (b, h), "tensor": ()}[granularity]
-    scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
-    params = abi.Fp8PrepareParams(
-        x=x.data_ptr(), x_batch_stride=x.stride(0), x_row_stride=x.stride(1), x_head_stride=x.stride(2),
-        signs=signs.data_ptr() if signs is not None else None, amax=amax.data_ptr(), scale=scale.data_ptr(),
-        batch=b, seqlen=s, nheads=h, block_rows=amax_rows, padded_keys=padded_keys(s),
-        granularity=abi.FP8_SCALE_GRANULARITY[granularity], power_of_two=int(power_of_two),
-    )
-    # How the quantize kernels index the scales: scale[b * sb + (row / block_rows) * sk + h * sh].
-    if granularity == "block":
-        params.scale_batch_stride, params.scale_block_stride, params.scale_head_stride = blocks * h, h, 1
-    elif granularity == "head":
-        params.scale_batch_stride, params.scale_head_stride = h, 1
-    if kernel_v_layout:
-        out = torch.empty((b, h, d, padded_keys(s)), dtype=torch.float8_e4m3fn, device=x.device)
-        entry = "fa3gen_fp8_quantize_v_layout"
-    else:
-        out = torch.empty((b, s, h, d), dtype=torch.float8_e4m3fn, device=x.device)
-        params.out_batch_stride, params.out_row_stride, params.out_head_stride = out.stride()[:3]
-        entry = "fa3gen_fp8_quantize"
-    params.out = out.data_ptr()
+    signs = _signs(x.shape[-1], hadamard_seed, x.device) if hadamard_seed is not None else None
+    launches = plan(x, granularity, block_rows, power_of_two, signs, kernel_v_layout)
     # Launches go to the current device: switch only when x is elsewhere (the guard costs).
     with torch.cuda.device(x.device) if x.device.index != torch.cuda.current_device() else contextlib.nullcontext():
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        kernel.fp8_prepare("fa3gen_fp8_amax", params, stream)
-        kernel.fp8_prepare("fa3gen_fp8_scales", params, stream)
-        if granularity != "block":
-            params.block_rows = _INT32_MAX  # row / block_rows = 0: one scale along the sequence
-        kernel.fp8_prepare(entry, params, stream)
-    return Quantized(out, scale, granularity, block_rows if granularity == "block" else None,
-                     kernel_v_layout=kernel_v_layout, power_of_two=power_of_two)
+        kernel.fp8_prepare("fa3gen_fp8_amax", launches.reduce, stream)
+        kernel.fp8_prepare("fa3gen_fp8_scales", launches.reduce, stream)
+        kernel.fp8_prepare(launches.cast_entry, launches.cast, stream)
+    return launches.out

@@ -204,3 +204,39 @@ def test_prepare_falls_back_with_a_warning_when_the_kernels_cannot_be_built(monk
     assert torch.equal(auto.q.data.view(torch.uint8), ops.q.data.view(torch.uint8))
     with pytest.raises(JitDisabledError):
         fp8.prepare(q, k, v, fused=True)
+
+
+@pytest.mark.parametrize(("granularity", "v_layout"), [("block", False), ("head", True), ("tensor", False)])
+def test_launch_plan(granularity, v_layout):
+    """The host side of fp8_prepare.quantize (its buffers on the CPU here): the amax blocks, how the
+    cast kernels index the scales (strides, rows per block), the output's layout and strides."""
+    x = torch.zeros(2, 300, 2, 3, 64)[:, :, 1]  # strided rows, as q of a packed tensor
+    signs = torch.ones(64)
+    launch = fp8_prepare.plan(x, granularity, 128, True, signs, v_layout)
+    reduce, cast, q = launch.reduce, launch.cast, launch.out
+    assert reduce.signs == signs.data_ptr() and reduce.x == x.data_ptr()
+    assert (reduce.x_batch_stride, reduce.x_row_stride, reduce.x_head_stride) == x.stride()[:3]
+    assert (reduce.batch, reduce.seqlen, reduce.nheads, reduce.padded_keys) == (2, 300, 3, 320)
+    assert reduce.granularity == abi.FP8_SCALE_GRANULARITY[granularity] and reduce.power_of_two == 1
+    amax_rows = 128 if granularity == "block" else fp8_prepare.AMAX_ROWS
+    assert reduce.block_rows == amax_rows and launch.amax.shape == (2, -(-300 // amax_rows), 3)
+    assert reduce.amax == launch.amax.data_ptr() and reduce.scale == cast.scale == q.scale.data_ptr()
+    strides = (cast.scale_batch_stride, cast.scale_block_stride, cast.scale_head_stride)
+    if granularity == "block":
+        assert q.scale.shape == (2, 3, 3) and strides == q.scale.stride() and cast.block_rows == 128
+    elif granularity == "head":
+        assert q.scale.shape == (2, 3) and strides == (3, 0, 1) and cast.block_rows == 2**31 - 1
+    else:
+        assert q.scale.shape == () and strides == (0, 0, 0) and cast.block_rows == 2**31 - 1
+    assert cast.out == q.data.data_ptr() and q.data.dtype == torch.float8_e4m3fn
+    if v_layout:
+        assert launch.cast_entry == "fa3gen_fp8_quantize_v_layout"
+        assert q.kernel_v_layout and q.data.shape == (2, 3, 64, 320)
+    else:
+        assert launch.cast_entry == "fa3gen_fp8_quantize" and q.data.shape == (2, 300, 3, 64)
+        assert (cast.out_batch_stride, cast.out_row_stride, cast.out_head_stride) == q.data.stride()[:3]
+    assert q.power_of_two and q.block_size == (128 if granularity == "block" else None)
+    with pytest.raises(ValueError, match="granularity"):
+        fp8_prepare.plan(x, "row", 128, True, None, False)
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        fp8_prepare.plan(x, "block", 0, True, None, False)
