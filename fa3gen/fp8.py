@@ -275,9 +275,8 @@ def _use_fused(fused: bool | None, *tensors: torch.Tensor) -> bool:
         from .build import JitDisabledError
         from .toolchain import ToolchainError
 
-        try:
-            fp8_prepare.kernel_for(tensors[0])  # compiled once (then cached): fall back if it cannot be
-            for t in tensors[1:]:
+        try:  # built once, then cached: fall back to torch ops if it cannot be
+            for t in tensors:
                 fp8_prepare.kernel_for(t)
         except (ToolchainError, JitDisabledError) as exc:
             warnings.warn(f"fa3gen.fp8.prepare: the fused kernels are unavailable ({exc}); using torch ops",

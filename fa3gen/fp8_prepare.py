@@ -2,7 +2,8 @@
 
 Per input, three launches on the current stream:
 1. ``fa3gen_fp8_amax``: the largest |value| of each block of rows of one (batch, head), after the
-   random-sign Hadamard transform for Q and K (a warp-wide butterfly in fp32 registers, not a GEMM);
+   random-sign Hadamard transform for Q and K (a butterfly over 8 lanes per row in fp32 registers,
+   not a GEMM);
 2. ``fa3gen_fp8_scales``: the descales from those, exactly as ``fa3gen.fp8.scales_from_amax``
    (one CTA; per (batch, head) and per tensor reduce the blocks' amax first);
 3. ``fa3gen_fp8_quantize`` (Q, K, and V for kernels that transpose it themselves) or
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import abi
+from . import abi, ops
 from .fp8 import Granularity, Quantized, padded_keys, random_signs
 from .prepare_spec import LANES, MAX_HEAD_DIM, Fp8PrepareSpec
 
@@ -36,8 +37,10 @@ def unsupported_reason(x: torch.Tensor) -> str | None:
     """Why the fused kernels cannot prepare x (batch, seqlen, nheads, head_dim); None if they can."""
     if not x.is_cuda:
         return f"it is on {x.device}, not a CUDA device"
-    if _capability(x.device.index) != (9, 0):
-        return f"{torch.cuda.get_device_name(x.device)} is not a Hopper GPU (sm_90)"
+    try:
+        ops._check_gpu(x.device)  # the attention kernels' check, cached per device
+    except ops.UnsupportedGPUError as exc:
+        return str(exc)
     if x.dtype not in _INPUT_DTYPES:
         return f"its dtype is {x.dtype}, not one of {tuple(_INPUT_DTYPES)}"
     if x.shape[-1] % LANES or x.shape[-1] > MAX_HEAD_DIM:
@@ -50,11 +53,6 @@ def unsupported_reason(x: torch.Tensor) -> str | None:
     if any(offset % _ROW_ALIGN for offset in row_starts):
         return f"its rows do not start on {_ROW_ALIGN}-byte boundaries"
     return None
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device_index: int | None) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
 
 
 def kernel_for(x: torch.Tensor):

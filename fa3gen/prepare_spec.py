@@ -36,7 +36,8 @@ class Fp8PrepareSpec(BaseModel):
     def _whole_lanes(cls, value: int) -> int:
         if value <= 0 or value % LANES or value > MAX_HEAD_DIM:
             raise ValueError(f"head_dim must be a multiple of {LANES} up to {MAX_HEAD_DIM} for the fused fp8 "
-                             f"prepare kernels (each of a warp's 32 lanes holds head_dim / 32 values), got {value}")
+                             f"prepare kernels (Hadamard blocks of at least 32 values over {ROW_LANES} lanes), "
+                             f"got {value}")
         return value
 
     @property

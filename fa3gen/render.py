@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -57,10 +58,13 @@ def _environment(root: Path) -> jinja2.Environment:
 
 
 def spec_from_json(text: str) -> BuildSpec:
-    """The spec a canonical JSON text describes (its "kind" says which model)."""
-    if '"kind":"fp8_prepare"' in text.replace(" ", ""):
-        return Fp8PrepareSpec.from_json(text)
-    return KernelSpec.from_json(text)
+    """The spec a JSON text describes: its "kind" says which model (KernelSpec when it has none).
+    Text that is not a JSON object goes to KernelSpec, whose validation error names the problem."""
+    try:
+        kind = json.loads(text).get("kind")
+    except (ValueError, AttributeError):
+        kind = None
+    return Fp8PrepareSpec.from_json(text) if kind == "fp8_prepare" else KernelSpec.from_json(text)
 
 
 def render(spec: BuildSpec) -> str:

@@ -64,7 +64,7 @@ constexpr int kLoadsInFlight = 4;
 constexpr int kLoadsPerWarp = 2 * kLoadsInFlight;
 constexpr int kMinBlocksPerSm = 3;                 // 24 warps per SM at least: at most 80 registers
 constexpr int kKeyGroup = 32;                      // the V layout's permutation group
-constexpr int kVKeys = 4 * kKeyGroup;              // keys of one V-layout CTA, one group per warp
+constexpr int kVKeys = 4 * kKeyGroup;              // keys of one V-layout CTA (128 threads)
 
 template <int Bytes> struct Word;
 template <> struct Word<2> { using type = uint16_t; };
