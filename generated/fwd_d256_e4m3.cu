@@ -467,8 +467,9 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
       cutlass::arch::NamedBarrier::sync(kMmaThreads, kTurnBarrier + warpgroup);
       fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk, tSrQ_buffers(_, _, _, read_q.index()), tSrK(_, _, _, read.index()), tSrS);
       fa3gen::wgmma_gemm</*kZeroInit=*/false>(mma_pv, p_operand, tOrV(_, _, _, read_v.index()), tOrO);
-      auto const block_descale = descale.block(p, t, n_block);  // loads under the GEMMs
       cutlass::arch::NamedBarrier::arrive(kMmaThreads, kTurnBarrier + 1 - warpgroup);
+      // Loads under the GEMMs, after the turn's hand-off: above it, ptxas held BAR.ARV for them.
+      auto const block_descale = descale.block(p, t, n_block);
       warpgroup_wait<1>();  // S(n) is ready; P·V may still run
       pipeline_k.consumer_release(read);
 
