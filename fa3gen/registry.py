@@ -64,6 +64,15 @@ REGISTRY: dict[str, KernelSpec] = {
 #   three A/B runs in three processes (2026-12-01/02, bf16, TFLOP/s): s512 487.2 -> 486.8, 486.8 ->
 #   490.4, 477.5 -> 478.7; s1k 556.5 -> 565.1, 570.0 -> 575.5, 558.0 -> 559.4; s2k 617.9 -> 623.3,
 #   603.6 -> 613.2, 614.2 -> 617.9.
+# - hdim 128, not causal, past 1k: 192 x 128 tiles on three consumer warpgroups, without
+#   intra-warpgroup overlap (spec.INTRA_WG_OVERLAP_MAX_HEAD_DIM_V_3WG), against the two tiles above
+#   (2026-12-03, three processes, bf16, TFLOP/s, short tiles / one-Q-buffer tiles / 192 rows):
+#   s2k 605.7 / - / 624.1, 593.7 / 599.8 / 617.4, 597.3 / 601.9 / 617.2; s4k 628.9 / 638.0 /
+#   648.5, 612.8 / 627.2 / 631.1, 621.5 / 630.6 / 639.8; s16k 654.0 / 673.7 / 681.5, 640.8 /
+#   656.0 / 664.7, 643.7 / 656.2 / 662.7; fp16 s2k 601.5 / 600.4 / 605.8, s4k 610.3 / 618.2 /
+#   629.6, s16k 618.8 / 634.1 / 643.5. At s1k the 192-row tiles lose (539.6-543.9 against
+#   554.4-555.7; a head's last tile is a third full) and at s512 they tie (460.2, 480.5 against
+#   470.5, 476.4), so the short tiles keep up to 1k.
 # - hdim 256, up to 512 queries: 64-key blocks (O staged in the V buffer) instead of the default
 #   80, whose last block of a 512-key row is 60% padding. s512, as CUDA-graph replays: 490 -> 495,
 #   causal 314 -> 321; eager: 456 -> 476, causal 293 -> 302. From 1k on 80 keys win (graphs: s1k
@@ -71,7 +80,7 @@ REGISTRY: dict[str, KernelSpec] = {
 #   64 keys also win causal s1k: 460 vs 448 (graphs 461 vs 448); not causal s1k ties (661 vs 663).
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
     (64, True): (2048, {"stages": 3}, {}),
-    (128, False): (2048, {"q_registers": True}, {"q_buffers": 1}),
+    (128, False): (1024, {"q_registers": True}, {"block_m": 192}),
     (256, False): (512, {"block_n": 64}, {}),
     (256, True): (1024, {"block_n": 64}, {}),
 }

@@ -213,6 +213,24 @@ Q_REGISTERS_CAUSAL_HEAD_DIMS = (128,)
 Q_REGISTERS_MAX_BLOCK_N = {"bf16": 128, "fp16": 128, "e4m3": 192}
 
 
+# Three consumer warpgroups (160 registers each) from head_dim_v 128 hold S and O for one key block
+# but not S of the next beside them: with intra-warpgroup overlap 192 x 128 spills (bf16 412 B,
+# e4m3 304 B), without it none, and the three warpgroups' GEMMs and softmax interleave on their
+# own. Measured on the H200 (2026-12-03, 16k tokens, interleaved, same process, TFLOP/s), hdim 128
+# not causal, 192 x 128 without overlap against the registry's 128 x 128 (one Q buffer, two
+# warpgroups): bf16 s4k 638.0 -> 648.5, 627.2 -> 631.1, 630.6 -> 639.8; s16k 673.7 -> 681.5,
+# 656.0 -> 664.7, 656.2 -> 662.7 (three processes); fp16 s4k 618.2 -> 629.6, s16k 634.1 -> 643.5.
+# With overlap it spilled and lost 20-25% (192 x 96: bf16 s16k 519; e4m3 s16k 648 vs 862).
+INTRA_WG_OVERLAP_MAX_HEAD_DIM_V_3WG = 96
+
+
+def _intra_wg_overlap_default(fields: dict[str, Any]) -> bool:
+    """intra_wg_overlap when unset, from a forward spec's raw fields."""
+    dv = fields.get("head_dim_v") or fields.get("head_dim")
+    three = isinstance(fields.get("num_consumer_warpgroups"), int) and fields["num_consumer_warpgroups"] >= 3
+    return not (three and isinstance(dv, int) and dv > INTRA_WG_OVERLAP_MAX_HEAD_DIM_V_3WG)
+
+
 def _q_registers_default(fields: dict[str, Any]) -> bool:
     """q_registers when unset, from a forward spec's raw fields."""
     d = fields.get("head_dim")
@@ -221,7 +239,10 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
     built_in = sum(bool(fields.get(name)) for name in ("window", "softcap", "alibi"))
     measured = not custom and built_in <= (0 if dtype == "e4m3" else 1)
     max_block_n = Q_REGISTERS_MAX_BLOCK_N.get(dtype)
-    return (max_block_n is not None and (fields.get("causal") is True or built_in == 1) and measured
+    # Not with three consumer warpgroups: Q's 64 registers beside S and O spill (hdim 128 192 x 128:
+    # bf16 364 B, e4m3 144 B).
+    two_or_fewer = fields.get("num_consumer_warpgroups") in (None, 1, 2)
+    return (max_block_n is not None and (fields.get("causal") is True or built_in == 1) and measured and two_or_fewer
             and d in Q_REGISTERS_CAUSAL_HEAD_DIMS and fields.get("head_dim_v") in (None, d)
             and isinstance(fields.get("block_n"), int) and fields["block_n"] <= max_block_n)
 
@@ -570,8 +591,9 @@ class KernelSpec(BaseModel):
     # mask_mod (PINGPONG_DEFAULT).
     pingpong: bool | None = None
     # On by default: measured on the H200 (2026-11-29, bf16, 16k tokens) it lifts hdim 128 at 8k from
-    # 574 to 614 TFLOP/s and helps every head dim; pingpong alone did not pay (549).
-    intra_wg_overlap: bool = True
+    # 574 to 614 TFLOP/s and helps every head dim; pingpong alone did not pay (549). None: on, except
+    # with three consumer warpgroups from head_dim_v 128 (INTRA_WG_OVERLAP_MAX_HEAD_DIM_V_3WG).
+    intra_wg_overlap: bool | None = None
     # Q as the A operand of Q·Kᵀ from registers: each consumer warpgroup loads its 64 rows once per
     # tile (ldmatrix), so each key block's Q·Kᵀ reads only K from shared memory. 16-bit forward
     # kernels only. None: on for causal kernels of Q_REGISTERS_CAUSAL_HEAD_DIMS.
@@ -719,6 +741,8 @@ class KernelSpec(BaseModel):
             data["scheduler"] = "lpt" if causal else "static"
         if data.get("num_consumer_warpgroups") is None and isinstance(data.get("block_m"), int):
             data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
+        if data.get("intra_wg_overlap") is None:
+            data["intra_wg_overlap"] = _intra_wg_overlap_default(data)
         sizes = [data.get(f) for f in ("block_m", "block_n", "head_dim_v", "stages")]
         vtk = {"v_transpose_in_kernel": bool(data.get("v_transpose_in_kernel"))}
         if data.get("epilogue") is None and d in SUPPORTED_HEAD_DIMS and all(isinstance(x, int) for x in sizes):
