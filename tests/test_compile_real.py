@@ -31,6 +31,9 @@ SPECS = {
     # The narrow edge block (a first key block's Q·Kᵀ half as wide: 56 keys) beside per-warpgroup
     # key trimming, O staged in the V buffer.
     "fwd_d192_bf16_causal": REGISTRY["fwd_d192_bf16_causal"],
+    # Three consumer warpgroups at hdim 128 (192 x 128, 160 registers each) without
+    # intra-warpgroup overlap: the registry's tiles past 1k queries, not causal.
+    "fwd_d128_bf16_long": REGISTRY["fwd_d128_bf16_long"],
     # Variants: built-in window + softcap on the causal lpt kernel, and a custom score_mod over tensors.
     "d128_causal_window_softcap": KernelSpec(head_dim=128, causal=True, window=True, softcap=True),
     "d128_custom_relative_bias": KernelSpec(

@@ -10,7 +10,7 @@ import itertools
 import pytest
 from pydantic import ValidationError
 
-from fa3gen import KernelSpec, render
+from fa3gen import KernelSpec, registry, render
 from fa3gen.spec import SUPPORTED_HEAD_DIMS
 
 COMBOS = list(itertools.product(SUPPORTED_HEAD_DIMS, (False, True), (False, True), (False, True),
@@ -425,3 +425,24 @@ def test_narrow_edge_block_render_and_refusals():
         KernelSpec(head_dim=128, causal=True, intra_wg_overlap=False, narrow_edge_block=True)
     with pytest.raises(ValidationError, match="narrow_edge_block applies to forward kernels"):
         KernelSpec(kind="bwd", head_dim=128, causal=True, narrow_edge_block=True)
+
+
+def test_three_warpgroups_from_hdim_128_default_to_no_overlap():
+    """Three consumer warpgroups get 160 registers each: from head_dim_v 128 the defaults leave out
+    intra-warpgroup overlap and Q in registers (S of a second block, or Q, beside S and O would
+    spill); hdim 64 keeps overlap, two warpgroups keep both; an explicit value holds and
+    survives the canonical JSON."""
+    for dtype in ("bf16", "fp16", "e4m3"):
+        for causal in (False, True):
+            spec = KernelSpec(head_dim=128, dtype=dtype, causal=causal, block_m=192, block_n=128)
+            assert spec.num_consumer_warpgroups == 3 and not spec.intra_wg_overlap and not spec.q_registers
+            assert not spec.pingpong and not spec.inter_tile_overlap and "_ov" not in spec.name
+            assert KernelSpec.from_json(spec.canonical_json()) == spec
+    assert KernelSpec(head_dim=64).num_consumer_warpgroups == 3 and KernelSpec(head_dim=64).intra_wg_overlap
+    assert KernelSpec(head_dim=128).intra_wg_overlap and KernelSpec(head_dim=128, causal=True).q_registers
+    forced = KernelSpec(head_dim=128, block_m=192, block_n=96, intra_wg_overlap=True)
+    assert forced.intra_wg_overlap and KernelSpec.from_json(forced.canonical_json()).intra_wg_overlap
+    long = registry.default_spec(128, 128, "bf16", False, seqlen_q=1025)
+    assert (long.block_m, long.num_consumer_warpgroups, long.intra_wg_overlap) == (192, 3, False)
+    short = registry.default_spec(128, 128, "bf16", False, seqlen_q=1024)
+    assert (short.block_m, short.intra_wg_overlap, short.q_registers) == (128, True, True)
