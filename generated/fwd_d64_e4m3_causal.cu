@@ -18,6 +18,7 @@
 #include <cutlass/arch/grid_dependency_control.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
+#include <cutlass/fast_math.h>
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
@@ -283,7 +284,9 @@ struct TileDescale {
   float qk;          // folded into the softmax scale (Q's factor, and K's when it is one per (batch, head))
   bool k_per_block;  // K's factor changes with the key block: it scales each block's softmax
   float v_unit;      // V factor of the accumulator's current unit: O = accumulator * v_unit
-  int k_tiles, v_tiles;  // key blocks per scale block of K and of V
+  // Key blocks per scale block of K and of V, as multiply-shift dividers: a plain division by a
+  // runtime count costs ~20 instructions and a MUFU.RCP per key block (the fp8 softmax's unit).
+  cutlass::FastDivmod k_tiles, v_tiles;
 
   __device__ TileDescale(KernelParams const& p, TileCoord const& t)
       : k_per_block(p.k_descale.scale != nullptr && p.k_descale.block_stride != 0), v_unit(1.f),
@@ -297,10 +300,10 @@ struct TileDescale {
   struct Block {
     float k, v;
   };
-  // One scale block per key block is the default (fa3gen.fp8.prepare): no division then.
+  // One scale block per key block is the default (fa3gen.fp8.prepare): the dividers pass it through.
   __device__ __forceinline__ Block block(KernelParams const& p, TileCoord const& t, int n_block) const {
-    int const k_block = k_tiles == 1 ? n_block : n_block / k_tiles;
-    int const v_block = v_tiles == 1 ? n_block : n_block / v_tiles;
+    int const k_block = k_tiles.div(n_block);
+    int const v_block = v_tiles.div(n_block);
     return {k_per_block ? descale_at(p.k_descale, t.batch, t.head_kv, k_block) : 1.f,
             descale_at(p.v_descale, t.batch, t.head_kv, v_block)};
   }
