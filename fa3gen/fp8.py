@@ -199,12 +199,16 @@ class Fp8Inputs:
 
 
 def default_block_rows(head_dim: int) -> tuple[int, int]:
-    """Rows per scale block of (Q, K/V): one tile of the default e4m3 kernel of this head dim."""
+    """Rows per scale block of (Q, K/V) that every registry e4m3 kernel of this head dim takes:
+    Q one tile of the default kernel (a warpgroup's rows are what a kernel needs), K/V the least
+    common multiple of their key blocks (hdim 128: 192 keys by default, 128 past 1k queries not
+    causal, so 384)."""
+    from fa3gen.registry import fp8_key_block_sizes
     from fa3gen.spec import FP8_TILES
 
     if head_dim not in FP8_TILES:
         raise ValueError(f"head_dim={head_dim} has no e4m3 kernel; choose one of {tuple(FP8_TILES)}")
-    return FP8_TILES[head_dim]
+    return FP8_TILES[head_dim][0], math.lcm(*fp8_key_block_sizes(head_dim))
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Granularity = "block",
@@ -215,9 +219,10 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     `hadamard`; it leaves Q·Kᵀ unchanged), all three quantized to e4m3 with one scale per tensor,
     per (batch, head) or per block of rows, V into the kernel's layout.
 
-    block_size: rows per scale block, for Q and for K/V (an int for both, or a (q, kv) pair); the
-    kernel needs them to be multiples of its tiles' rows. None: one tile of the default kernel
-    (``default_block_rows(head_dim)``, e.g. 128 query and 192 key rows at hdim 128).
+    block_size: rows per scale block, for Q and for K/V (an int for both, or a (q, kv) pair); a
+    kernel needs Q's to be multiples of 64 (a consumer warpgroup's rows) and K/V's of its key
+    blocks. None: blocks every registry kernel of the head dim takes
+    (``default_block_rows(head_dim)``, e.g. 128 query and 384 key rows at hdim 128).
 
     power_of_two_scales: scales rounded up to powers of two (``quantize_e4m3``). A lazy-rescale
     kernel moves V's block factors into P, exactly only when their ratios are powers of two; and

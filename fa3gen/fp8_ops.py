@@ -8,20 +8,22 @@ causal, GQA, window_size); O comes out in bf16 (or fp16) and the LSE in float32.
 
 The descaling factors are folded into the kernel: Q's (and K's, when one per (batch, head)) into
 the softmax scale, K's per-block factors into each key block's scores, V's into O's running
-rescale; per-block factors must cover whole kernel tiles (``fa3gen.fp8.prepare``'s default).
+rescale; per-block factors must cover whole warpgroups' rows (Q) and key blocks (K, V), which
+``fa3gen.fp8.prepare``'s default blocks do for every registry kernel.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import torch
 
-from fa3gen import ops
+from fa3gen import ops, registry
 from fa3gen.abi import Descale, FwdParams
 from fa3gen.fp8 import Fp8Inputs, Granularity, Quantized, padded_keys, prepare
-from fa3gen.spec import _lazy_rescale_default
+from fa3gen.spec import WGMMA_M, _lazy_rescale_default
 from fa3gen.variant_args import VariantArgs
 
 __all__ = ["flash_attn_fp8_func", "fp8_attention"]
@@ -31,17 +33,41 @@ _FP8 = torch.float8_e4m3fn
 
 
 def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool,
-                power_of_two_v_scales: bool = True, v_transpose_in_kernel: bool = False):
+                power_of_two_v_scales: bool = True, v_transpose_in_kernel: bool = False,
+                seqlen_bucket: str | None = None):
     """The default e4m3 kernel (registry.default_fp8_spec), memoized; power_of_two_v_scales=False
-    (V's block ratios inexact) takes the eager rescale where the default is lazy."""
+    (V's block ratios inexact) takes the eager rescale where the default is lazy; seqlen_bucket
+    (registry.fp8_seqlen_bucket) the tiles for that query length."""
     # The flag picks another kernel only where the default rescales lazily: elsewhere one entry.
     # (Asked only for inexact scales, so the common call does not build the defaults' dict.)
     exact = bool(power_of_two_v_scales) or not _lazy_rescale_default(
         {"dtype": "e4m3", "head_dim_v": int(head_dim_v), "window": bool(window)})
     key = ("e4m3", int(head_dim), int(head_dim_v), out_dtype, bool(causal), bool(window), exact,
-           bool(v_transpose_in_kernel))
+           bool(v_transpose_in_kernel), seqlen_bucket)
     kern = ops._KERNELS.get(key)
     return kern if kern is not None else ops._compile_memoized(key, "default_fp8_spec", key[1:])
+
+
+def _seqlen_bucket(inputs: Fp8Inputs, causal: bool, window: bool) -> str | None:
+    """The registry's bucket of tiles for these inputs' query length, where their K/V scale blocks
+    are whole key blocks of its kernel (fa3gen.fp8.prepare's default blocks are); else None."""
+    q = inputs.q.data
+    d, dv = q.shape[-1], inputs.head_dim_v
+    if dv != d or window or not inputs.v.kernel_v_layout:
+        return None
+    bucket = registry.fp8_seqlen_bucket(d, causal, q.shape[1])
+    if bucket is None:
+        return None
+    block_n = _bucket_key_block(d, causal, bucket)
+    blocked = [x for x in (inputs.k, inputs.v) if x.granularity == "block"]
+    return bucket if all((x.block_size or 0) % block_n == 0 for x in blocked) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _bucket_key_block(head_dim: int, causal: bool, bucket: str) -> int:
+    """The key block (block_n) of a bucket's kernel; memoized: a spec's validation costs more
+    host time than a short kernel's launch."""
+    return registry.default_fp8_spec(head_dim, head_dim, "bf16", causal, seqlen_q=bucket).block_n
 
 
 def _check_inputs(x: Fp8Inputs) -> None:
@@ -97,9 +123,10 @@ def _descale(quant: Quantized, seqlen: int, nheads: int, batch: int, tile_rows: 
     else:
         bs = quant.block_size or 0
         if bs <= 0 or bs % tile_rows != 0:
-            raise ValueError(f"fa3gen: {name}'s scale blocks of {bs} rows must be a multiple of the kernel's "
-                             f"{tile_rows}-row tiles (fa3gen.fp8.prepare's default block_size=None sizes them "
-                             "to the default kernel's tiles)")
+            unit = "a consumer warpgroup's" if name == "q" else "the kernel's key blocks of"
+            raise ValueError(f"fa3gen: {name}'s scale blocks of {bs} rows must be a multiple of {unit} "
+                             f"{tile_rows} rows (fa3gen.fp8.prepare's default block_size=None sizes them "
+                             "for every registry kernel)")
         want = (batch, math.ceil(seqlen / bs), nheads)
         if tuple(s.shape) != want:
             raise ValueError(f"fa3gen: {name}'s per-block scale must be (batch, blocks, nheads) = {want}, "
@@ -122,7 +149,8 @@ def _params(x: Fp8Inputs, out: torch.Tensor, lse: torch.Tensor, softmax_scale: f
     p.o_batch_stride, p.o_row_stride, p.o_head_stride = ops._kernel_strides(out)
     ops._set_problem(p, q, k, softmax_scale)
     b, sq, hq, _ = q.shape
-    p.q_descale = _descale(x.q, sq, hq, b, spec.block_m, "q")
+    # Q's blocks may span a tile: each consumer warpgroup (WGMMA_M rows) folds its rows' factor.
+    p.q_descale = _descale(x.q, sq, hq, b, WGMMA_M, "q")
     p.k_descale = _descale(x.k, x.seqlen_k, k.shape[2], b, spec.block_n, "k")
     p.v_descale = _descale(x.v, x.seqlen_k, k.shape[2], b, spec.block_n, "v")
     return p
@@ -135,7 +163,8 @@ def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: boo
     exact_v_ratios = inputs.v.exact_ratios_along_sequence
     transposes_v = not inputs.v.kernel_v_layout
     if kernel is None:
-        kernel = _kernel_for(d, dv, out_dtype, causal, window, exact_v_ratios, transposes_v)
+        kernel = _kernel_for(d, dv, out_dtype, causal, window, exact_v_ratios, transposes_v,
+                             _seqlen_bucket(inputs, causal, window))
     spec = kernel.spec
     if spec.v_transpose_in_kernel != transposes_v:
         raise ValueError(f"fa3gen: kernel {spec.name} takes V " + (

@@ -102,9 +102,12 @@ def seqlen_bucket(head_dim: int, causal: bool, seqlen_q: int | str | None) -> st
     """"short" or "long" when the registry has tiles of their own for this query length
     (SEQLEN_TILES), else None: the default spec. A bucket name (what kernel keys carry) is
     returned as it is."""
+    return _bucket_of(SEQLEN_TILES.get((head_dim, causal)), seqlen_q)
+
+
+def _bucket_of(entry: tuple[int, dict[str, Any], dict[str, Any]] | None, seqlen_q: int | str | None) -> str | None:
     if isinstance(seqlen_q, str):
         return seqlen_q
-    entry = SEQLEN_TILES.get((head_dim, causal))
     if entry is None or seqlen_q is None:
         return None
     bucket, fields = ("short", entry[1]) if seqlen_q <= entry[0] else ("long", entry[2])
@@ -117,6 +120,35 @@ REGISTRY.update({
     for d in (64, 128, 256)
     for causal in (False, True)
 })
+
+# FP8 forward tiles by query length, as SEQLEN_TILES (fields over the e4m3 defaults, FP8_TILES).
+# hdim 128 not causal past 1k: 192 x 128 tiles, three consumer warpgroups without intra-warpgroup
+# overlap or pingpong (each warpgroup's own Q factor lets 128-row Q scale blocks span the tile).
+FP8_SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
+    (128, False): (1024, {}, {"block_m": 192, "block_n": 128}),
+}
+
+REGISTRY.update({
+    _bucket_name(d, "e4m3", causal, bucket): KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **fields)
+    for (d, causal), (_, short, long) in FP8_SEQLEN_TILES.items()
+    for bucket, fields in (("short", short), ("long", long)) if fields
+})
+
+
+def fp8_seqlen_bucket(head_dim: int, causal: bool, seqlen_q: int | str | None) -> str | None:
+    """As seqlen_bucket, for the e4m3 kernels (FP8_SEQLEN_TILES)."""
+    return _bucket_of(FP8_SEQLEN_TILES.get((head_dim, causal)), seqlen_q)
+
+
+def fp8_key_block_sizes(head_dim: int) -> tuple[int, ...]:
+    """The key-block rows (block_n) of the registry's e4m3 kernels of a head dim, in any bucket:
+    the K/V scale blocks that every one of them takes are multiples of all of them."""
+    from .spec import FP8_TILES
+
+    sizes = {FP8_TILES[head_dim][1]} | {fields["block_n"] for (d, _), (_, short, long) in FP8_SEQLEN_TILES.items()
+                                        if d == head_dim for fields in (short, long) if "block_n" in fields}
+    return tuple(sorted(sizes))
+
 
 # fa3gen.fp8.prepare's fused kernels for the registry's e4m3 head dims and 16-bit inputs (fp32
 # inputs compile on first use). `fa3gen build --all` and `render --all` take them with REGISTRY.
@@ -181,20 +213,29 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
 
 
 def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False,
-                     power_of_two_v_scales: bool = True, v_transpose_in_kernel: bool = False) -> KernelSpec:
+                     power_of_two_v_scales: bool = True, v_transpose_in_kernel: bool = False,
+                     seqlen_q: int | str | None = None) -> KernelSpec:
     """The e4m3 forward spec for a problem (O in out_dtype): the registry's when present.
     power_of_two_v_scales=False (V's per-block scales are not all powers of two): never a lazy
     rescale, whose P would carry the blocks' inexact ratios (spec.FP8_LAZY_RESCALE_DEFAULT).
     v_transpose_in_kernel: the kernel takes V as (batch, seqlen_k, nheads, head_dim_v) and
-    transposes it in shared memory (no registry kernel does)."""
+    transposes it in shared memory (no registry kernel does). seqlen_q (a length or a bucket's
+    name) picks the tiles of FP8_SEQLEN_TILES, for the plain problem (head_dim_v == head_dim, no
+    window, V in the kernel's layout)."""
     _canonical_problem(head_dim, head_dim_v, "bf16")
     out = _DTYPE_ALIASES.get(str(out_dtype).removeprefix("torch."))
     if out is None:
         raise ValueError(f"out_dtype={out_dtype!r} is not supported: use 'bf16' or 'fp16'")
+    plain = head_dim_v == head_dim and not window and not v_transpose_in_kernel
+    bucket = fp8_seqlen_bucket(head_dim, bool(causal), seqlen_q) if plain else None
+    entry = FP8_SEQLEN_TILES.get((head_dim, bool(causal)))
+    tiles = {} if bucket is None or entry is None else entry[1 if bucket == "short" else 2]
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
                       window=bool(window), v_transpose_in_kernel=bool(v_transpose_in_kernel),
-                      **({} if power_of_two_v_scales else {"lazy_rescale": False}))
+                      **tiles, **({} if power_of_two_v_scales else {"lazy_rescale": False}))
     name = _registry_name(head_dim, "e4m3", bool(causal))
+    if bucket is not None:
+        name = _bucket_name(head_dim, "e4m3", bool(causal), bucket)
     return REGISTRY[name] if REGISTRY.get(name) == spec else spec
 
 

@@ -140,6 +140,8 @@ struct KernelParams {
   VariantParams variant;
   Fa3genDescale q_descale, k_descale, v_descale;
   int32_t v_keys;  // keys of one row of the transposed V: seqlen_k rounded up to 32
+  // Scale-block index of a query row and of a key block (scale_block_divider)
+  cutlass::FastDivmod q_scale_block, k_scale_block, v_scale_block;
 };
 
 // ---- tile schedule: which (query block, head, batch) tiles a CTA runs, and in what order ----
@@ -274,24 +276,29 @@ __device__ __forceinline__ float descale_at(Fa3genDescale const& d, int batch, i
   return __ldg(d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride);
 }
 
-// Kernel tiles of tile_rows per scale block (the launcher checked that they divide it); 1 when
-// the factor does not change along the sequence.
-__device__ __forceinline__ int tiles_per_block(Fa3genDescale const& d, int tile_rows) {
-  return d.block_stride == 0 ? 1 : d.block_rows / tile_rows;
+// The divider from a query row (units 1) or a key block's index (units kBlockN) to its scale
+// block's index, as a multiply-shift: built on the host, whose constructor divides in 64 bits, so
+// a lookup costs a multiply-high where a plain division by a runtime count costs ~20 instructions
+// and a MUFU.RCP (per key block: the fp8 softmax's unit). Factors that do not change along the
+// sequence divide by 1, a pass-through. (The launcher checked that the units divide the blocks.)
+inline cutlass::FastDivmod scale_block_divider(Fa3genDescale const& d, int units) {
+  return cutlass::FastDivmod(d.block_stride == 0 ? 1 : d.block_rows / units);
 }
+
+constexpr int kWarpgroupRows = 64;  // query rows of one consumer warpgroup (WGMMA's M)
 
 struct TileDescale {
   float qk;          // folded into the softmax scale (Q's factor, and K's when it is one per (batch, head))
   bool k_per_block;  // K's factor changes with the key block: it scales each block's softmax
   float v_unit;      // V factor of the accumulator's current unit: O = accumulator * v_unit
-  // Key blocks per scale block of K and of V, as multiply-shift dividers: a plain division by a
-  // runtime count costs ~20 instructions and a MUFU.RCP per key block (the fp8 softmax's unit).
-  cutlass::FastDivmod k_tiles, v_tiles;
 
-  __device__ TileDescale(KernelParams const& p, TileCoord const& t)
-      : k_per_block(p.k_descale.scale != nullptr && p.k_descale.block_stride != 0), v_unit(0.f),
-        k_tiles(tiles_per_block(p.k_descale, kBlockN)), v_tiles(tiles_per_block(p.v_descale, kBlockN)) {
-    qk = descale_at(p.q_descale, t.batch, t.head, t.m_block / tiles_per_block(p.q_descale, kBlockM)) *
+  // Q's factor is this warpgroup's: its 64 rows lie in one scale block (the launcher checked that
+  // blocks are whole warpgroups' rows), so a tile may span Q scale blocks (192-row tiles on
+  // 128-row blocks).
+  __device__ TileDescale(KernelParams const& p, TileCoord const& t, int mma_thread)
+      : k_per_block(p.k_descale.scale != nullptr && p.k_descale.block_stride != 0), v_unit(0.f) {
+    int const q_block = p.q_scale_block.div(t.m_block * kBlockM + mma_thread / 128 * kWarpgroupRows);
+    qk = descale_at(p.q_descale, t.batch, t.head, q_block) *
          (k_per_block ? 1.f : descale_at(p.k_descale, t.batch, t.head_kv, 0));
   }
 
@@ -300,12 +307,9 @@ struct TileDescale {
   struct Block {
     float k, v;
   };
-  // One scale block per key block is the default (fa3gen.fp8.prepare): the dividers pass it through.
   __device__ __forceinline__ Block block(KernelParams const& p, TileCoord const& t, int n_block) const {
-    int const k_block = k_tiles.div(n_block);
-    int const v_block = v_tiles.div(n_block);
-    return {k_per_block ? descale_at(p.k_descale, t.batch, t.head_kv, k_block) : 1.f,
-            descale_at(p.v_descale, t.batch, t.head_kv, v_block)};
+    return {k_per_block ? descale_at(p.k_descale, t.batch, t.head_kv, p.k_scale_block.div(n_block)) : 1.f,
+            descale_at(p.v_descale, t.batch, t.head_kv, p.v_scale_block.div(n_block))};
   }
 
   // O's rows are about to be rescaled and then accumulate P·V of this block's raw fp8 V: move the
@@ -497,7 +501,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   TileCoord const t = scheduler.coord(p, tile);
   KeyBlockRange const blocks = key_block_range(p, t.m_block);
   clear(tOrO);
-  TileDescale descale(p, t);
+  TileDescale descale(p, t, mma_thread);
   Fp8LazySoftmax<kRows, /*kProbLog2Scale=*/6, /*kLazyRescaleLog2=*/2, /*kChains=*/1> softmax(softmax_scale_log2(p) * descale.qk);
 
   if (!blocks.empty()) { pipeline_q.consumer_wait(read_q); }
@@ -676,8 +680,9 @@ extern "C" int fa3gen_fwd(const Fa3genFwdParams* a, void* stream) {
   for (Fa3genDescale const* d : {&a->q_descale, &a->k_descale, &a->v_descale}) {
     if (d->scale != nullptr && d->block_stride != 0 && d->block_rows <= 0) { return cudaErrorInvalidValue; }
   }
-  // A scale block must not split a tile: Q's blocks are whole query tiles, K's and V's whole key blocks.
-  if (a->q_descale.block_stride != 0 && a->q_descale.block_rows % kBlockM != 0) { return cudaErrorInvalidValue; }
+  // A scale block must not split a warpgroup's rows or a key block: Q's blocks are whole
+  // warpgroups' rows, K's and V's whole key blocks.
+  if (a->q_descale.block_stride != 0 && a->q_descale.block_rows % kWarpgroupRows != 0) { return cudaErrorInvalidValue; }
   for (Fa3genDescale const* d : {&a->k_descale, &a->v_descale}) {
     if (d->block_stride != 0 && d->block_rows % kBlockN != 0) { return cudaErrorInvalidValue; }
   }
@@ -702,6 +707,8 @@ extern "C" int fa3gen_fwd(const Fa3genFwdParams* a, void* stream) {
       VariantParams{},
       a->q_descale, a->k_descale, a->v_descale,
       v_keys,
+      scale_block_divider(a->q_descale, 1), scale_block_divider(a->k_descale, kBlockN),
+      scale_block_divider(a->v_descale, kBlockN),
   };
   if (!load_variant_params(a->variant, p.variant)) { return cudaErrorInvalidValue; }
   int64_t const num_tiles = int64_t(cute::ceil_div(a->seqlen_q, kBlockM)) * a->nheads_q * a->batch;

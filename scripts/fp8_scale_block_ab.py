@@ -3,9 +3,10 @@
 Where a scale block spans several kernel tiles the kernel divides the key-block index by the
 tiles per block (TileDescale::block); this times what that costs. The default e4m3 kernels, plus
 any spec given as JSON (not causal), each on `prepare`'s blocks of one own tile and of --rows
-rows, N(0,1) bf16 inputs, FA3 setup (16k tokens, 16 heads), interleaved CUDA-event timing.
+rows (Q blocks of --q-rows, by default as many), N(0,1) bf16 inputs, FA3 setup (16k tokens, 16
+heads), interleaved CUDA-event timing.
 
-Usage: python scripts/fp8_scale_block_ab.py [--rows 384] [--seqlens 4096,16384] [SPEC_JSON ...]
+Usage: python scripts/fp8_scale_block_ab.py [--rows 384] [--q-rows 128] [--seqlens 4096,16384] [SPEC_JSON ...]
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from fa3gen.bench import attn_fwd_flops, time_cuda_ms_interleaved  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=384, help="rows per coarse scale block (Q and K/V)")
+    parser.add_argument("--rows", type=int, default=384, help="rows per coarse scale block of K/V (and Q)")
+    parser.add_argument("--q-rows", type=int, help="rows per coarse scale block of Q (default: --rows)")
     parser.add_argument("--seqlens", default="4096,16384")
     parser.add_argument("specs", nargs="*", help="extra e4m3 hdim 128 specs (JSON, not causal)")
     args = parser.parse_args()
@@ -38,7 +40,9 @@ def main() -> None:
             q, k, v = (torch.randn(b, s, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
             fns = {}
             for name, kernel in kernels.items():
-                for label, rows in (("one tile", (kernel.spec.block_m, kernel.spec.block_n)), (f"{args.rows} rows", args.rows)):
+                coarse = (args.q_rows or args.rows, args.rows)
+                for label, rows in (("one tile", (kernel.spec.block_m, kernel.spec.block_n)),
+                                    (f"{coarse[0]}/{coarse[1]} rows", coarse)):
                     inputs = fp8.prepare(q, k, v, "block", block_size=rows)
                     fns[f"{name}, {label}"] = (lambda inputs=inputs, kernel=kernel:
                                                fp8_ops.flash_attn_fp8_func(inputs, causal=causal, kernel=kernel))

@@ -3,9 +3,9 @@
 Usage (on the GPU machine): ncu [options] python scripts/profile_case.py --hdim 128 --seqlen 512 [--causal]
 Each backend runs --calls times on the same inputs (16k tokens, hidden 2048, bf16: the bench's setup),
 after one untimed call that loads the kernel; the profiler picks the launches it wants by name.
---fp8 runs fa3gen's e4m3 kernel on fa3gen.fp8.prepare'd inputs instead (one scale per tile), and
+--fp8 runs fa3gen's e4m3 kernel on fa3gen.fp8.prepare'd inputs instead (its default blocks), and
 --spec JSON its kernel for a spec with these extra fields (e.g. '{"block_n": 128}'), each
-after the default kernel; --granularity their scales (block: one per tile, the default).
+after the default kernel; --granularity their scales (block, the default).
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def profile_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 extra: list[dict], granularity: str = "block") -> None:
     d = q.shape[-1]
     specs = [fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **f) for f in extra]
-    # Each kernel on inputs with one scale per tile of its own tiles (None: the default kernel).
+    # Each candidate on inputs with one scale per tile of its own tiles; the default kernel (None) on
+    # prepare's default blocks.
     runs = [(None, fp8.prepare(q, k, v, granularity, hadamard=True))]
     runs += [(fa3gen.compile(s), fp8.prepare(q, k, v, granularity, (s.block_m, s.block_n), hadamard=True))
              for s in specs]

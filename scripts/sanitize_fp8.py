@@ -30,6 +30,8 @@ CASES = [  # b, sq, sk, hq, hkv, d, causal, granularity, spec changes
     # V as the model holds it, transposed in shared memory by the producer warpgroup.
     (1, 333, 500, 4, 2, 128, True, "block", {"v_transpose_in_kernel": True}),
     (2, 300, 700, 4, 2, 128, False, "head", {"v_transpose_in_kernel": True}),
+    # Three consumer warpgroups (fwd_d128_e4m3_long): 128-row Q scale blocks span its 192-row tiles.
+    (2, 450, 700, 4, 2, 128, False, "block", {"block_m": 192, "block_n": 128}),
 ]
 only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 

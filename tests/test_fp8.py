@@ -221,21 +221,22 @@ def test_canonical_json_round_trip(fields):
 
 # ---- registry --------------------------------------------------------------------------------
 
-FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")]
+FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")] + ["fwd_d128_e4m3_long"]
 
 
 @pytest.mark.parametrize("name", FP8_REGISTRY_NAMES)
 def test_registry_has_e4m3_entries(name):
     spec = registry.REGISTRY[name]
     assert spec.kind == "fwd" and spec.dtype == "e4m3" and spec.out_dtype == "bf16"
-    assert spec.causal == name.endswith("_causal") and not spec.window
+    assert spec.causal == ("_causal" in name) and not spec.window
     assert name.startswith(f"fwd_d{spec.head_dim}_e4m3")
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert registry.registry_name(spec) == name and registry.resolve(name) is spec
-    assert registry.default_fp8_spec(spec.head_dim, spec.head_dim, "bf16", spec.causal) is spec
+    bucket = name.rsplit("_", 1)[1] if name.endswith(("_short", "_long")) else None
+    assert registry.default_fp8_spec(spec.head_dim, spec.head_dim, "bf16", spec.causal, seqlen_q=bucket) is spec
 
 
-def test_registry_has_exactly_six_e4m3_entries():
+def test_registry_has_exactly_the_e4m3_entries():
     assert sorted(n for n, s in registry.REGISTRY.items() if s.is_fp8) == sorted(FP8_REGISTRY_NAMES)
 
 
@@ -598,11 +599,15 @@ def test_descale_per_block(block_size):
     assert (dk.batch_stride, dk.block_stride, dk.head_stride, dk.block_rows) == (2, 2, 1, block_size)
 
 
-def test_descale_rejects_blocks_smaller_than_a_tile():
+def test_descale_rejects_blocks_that_split_a_key_block_or_a_warpgroups_rows():
     q, _, _ = _gqa_inputs()
     quant = fp8.quantize_e4m3(q, "block", 64)
-    with pytest.raises(ValueError, match=r"k's scale blocks of 64 rows must be a multiple of the kernel's 128-row"):
+    with pytest.raises(ValueError, match=r"k's scale blocks of 64 rows must be a multiple of the kernel's key "
+                                         r"blocks of 128 rows"):
         fp8_ops._descale(quant, 200, 4, 2, 128, "k")
+    with pytest.raises(ValueError, match=r"q's scale blocks of 96 rows must be a multiple of a consumer "
+                                         r"warpgroup's 64 rows"):
+        fp8_ops._descale(fp8.quantize_e4m3(q, "block", 96), 200, 4, 2, 64, "q")
     with pytest.raises(ValueError, match=r"per-block scale must be \(batch, blocks, nheads\)"):
         fp8_ops._descale(fp8.quantize_e4m3(q, "block", 128), 300, 4, 2, 128, "q")
 
@@ -704,12 +709,17 @@ def test_e4m3_pingpong_default_only_with_two_consumer_warpgroups() -> None:
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_prepare_scale_blocks_default_to_the_kernel_tiles(d) -> None:
+def test_prepare_scale_blocks_default_to_blocks_every_registry_kernel_takes(d) -> None:
     q, k, v = (torch.randn(1, 500, 2, d) for _ in range(3))
     x = fp8.prepare(q, k, v)
-    spec = fa3gen.registry.default_fp8_spec(d, d, "bf16", False)
-    assert (x.q.block_size, x.k.block_size, x.v.block_size) == (spec.block_m, spec.block_n, spec.block_n)
-    assert x.k.scale.shape == (1, -(-500 // spec.block_n), 2)
+    default = fa3gen.registry.default_fp8_spec(d, d, "bf16", False)
+    kernels = [s for s in fa3gen.registry.REGISTRY.values() if s.dtype == "e4m3" and s.head_dim == d]
+    assert default in kernels and len(kernels) >= 2
+    key_blocks = {s.block_n for s in kernels}
+    # Q: one tile of the default kernel; K/V: the smallest that is whole key blocks of all of them
+    assert x.q.block_size == default.block_m and x.k.block_size == x.v.block_size == math.lcm(*key_blocks)
+    assert all(x.q.block_size % 64 == 0 and x.k.block_size % s.block_n == 0 for s in kernels)
+    assert x.k.scale.shape == (1, -(-500 // x.k.block_size), 2)
     pair = fp8.prepare(q, k, v, block_size=(256, 384))
     assert (pair.q.block_size, pair.k.block_size, pair.v.block_size) == (256, 384, 384)
 
@@ -765,3 +775,24 @@ def test_checked_kernel_matches_the_v_layout(monkeypatch):
         fp8_ops._checked_kernel(pre, "bf16", False, False, vtk)
     with pytest.raises(ValueError, match=r"pass a spec with v_transpose_in_kernel=True"):
         fp8_ops._checked_kernel(natural, "bf16", False, False, plain)
+
+
+def test_fp8_long_queries_not_causal_at_hdim_128_take_three_warpgroup_tiles() -> None:
+    long = fa3gen.registry.default_fp8_spec(128, 128, "bf16", False, seqlen_q=1025)
+    assert long is fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"]
+    assert (long.block_m, long.block_n, long.num_consumer_warpgroups) == (192, 128, 3)
+    assert fa3gen.registry.default_fp8_spec(128, 128, "bf16", False, seqlen_q=1024) is \
+        fa3gen.registry.REGISTRY["fwd_d128_e4m3"]
+    for other in ({"causal": True}, {"causal": False, "window": True}):
+        assert fa3gen.registry.default_fp8_spec(128, 128, "bf16", seqlen_q=4096, **other).block_m == 128
+
+
+def test_fp8_dispatch_takes_the_long_tiles_only_on_scale_blocks_they_fit() -> None:
+    q, k, v = (torch.randn(1, 1100, 2, 128) for _ in range(3))
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=False, window=False) == "long"
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=True, window=False) is None
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=False, window=True) is None
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q[:, :1024], k, v), causal=False, window=False) is None
+    # 192-key scale blocks split the long kernel's 128-key blocks: the default kernel takes them
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 192)), False, False) is None
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, "head"), False, False) == "long"

@@ -145,7 +145,7 @@ def test_inter_tile_overlap_renders_the_chained_loop(head_dim, causal):
     assert "softmax_next" not in render(KernelSpec(head_dim=head_dim, causal=causal, inter_tile_overlap=False))
     if head_dim != 96:  # no e4m3 kernel at hdim 96
         fp8 = render(KernelSpec(head_dim=head_dim, causal=causal, dtype="e4m3", inter_tile_overlap=True))
-        assert "TileDescale descale_next(p, t_next);" in fp8 and "descale_next.block(p, t_next, n_block)" in fp8
+        assert "TileDescale descale_next(p, t_next, mma_thread);" in fp8 and "descale_next.block(p, t_next, n_block)" in fp8
     if head_dim != 64:  # pingpong needs two consumer warpgroups: the turns run on across the chained tiles
         both = render(KernelSpec(head_dim=head_dim, causal=causal, inter_tile_overlap=True, pingpong=True))
         assert "softmax_next" in both and "NamedBarrier::sync(kMmaThreads, kTurnBarrier + warpgroup)" in both

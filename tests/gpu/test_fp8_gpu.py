@@ -77,6 +77,14 @@ def ramped(b, s, h, d, seed):
     return profiled(b, s, h, d, seed, lambda x: 1.0 + 2.0 * x)
 
 
+def striped(b, s, h, d, seed, rows):
+    """N(0,1) at magnitudes 1 and 3 in alternate stripes of `rows` sequence rows: neighbouring
+    scale blocks of that many rows get scales a factor 2 or 4 apart (powers of two)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    stripe = 1.0 + 2.0 * (torch.arange(s, device="cuda") // rows % 2)
+    return torch.randn(b, s, h, d, device="cuda", generator=gen) * stripe[None, :, None, None]
+
+
 def run_poisoned(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1), kernel=None):
     b, sq, hq, _ = inputs.q.data.shape
     dv = inputs.head_dim_v
@@ -117,13 +125,17 @@ def test_fp8_v_transposed_in_kernel(spec, granularity):
     bytes the pre-transposed V gives it: outputs bit for bit those of the kernel without the
     transpose, and the dequantized reference's. GQA, ragged (keys past the last group of 32 too),
     sq != sk, many tiles per CTA."""
+    same_tiles = fa3gen.compile(fa3gen.registry.default_fp8_spec(128, 128, "bf16", spec.causal))
     for i, (b, sq, sk, hq, hkv) in enumerate(SHAPES + [(8, 1000, 1000, 16, 4), (3, 300, 2049, 4, 4)]):
         q, k, v = (ramped(b, s, h, 128, 90 + 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
         natural = fp8.prepare(q, k, v, granularity, hadamard=True, seed=i, kernel_v_layout=False)
         assert fp8_ops._checked_kernel(natural, "bf16", spec.causal, False).spec == spec  # the default for this V
         check(natural, spec.causal)
         out, lse = run_poisoned(natural, spec.causal)
-        pre_out, pre_lse = run_poisoned(fp8.prepare(q, k, v, granularity, hadamard=True, seed=i), spec.causal)
+        # against the kernel of the same tiles (past 1k queries the default for the pre-transposed V
+        # is another: registry.FP8_SEQLEN_TILES)
+        pre_out, pre_lse = run_poisoned(fp8.prepare(q, k, v, granularity, hadamard=True, seed=i), spec.causal,
+                                        kernel=same_tiles)
         assert torch.equal(out, pre_out) and torch.equal(lse, pre_lse)
 
 
@@ -181,6 +193,25 @@ def test_fp8_default_lazy_kernel_as_accurate_as_eager(seqlen, nheads):
     print(f"d256 s{seqlen} h{nheads}: RMSE lazy (default) {lazy:.4e}, eager {eager:.4e}, emulated {scheme:.4e}")
     assert fa3gen.registry.default_fp8_spec(256, 256, "bf16", False).lazy_rescale
     assert lazy <= 1.03 * eager and lazy <= 1.03 * scheme
+
+
+def test_fp8_long_queries_take_192_row_tiles_over_smaller_q_blocks():
+    """Past 1k queries (hdim 128, not causal) the default is the 192 x 128 kernel of three consumer
+    warpgroups. On Q scale blocks of 128 rows (prepare's default) and of 64, a tile spans two or
+    three of them and each warpgroup folds its own rows' factor: Q's magnitude alternates with the
+    blocks, so one factor per tile is off by 2-4x in a third of the rows. Scale blocks of 192 keys
+    would split its key blocks: those inputs take the default kernel. GQA, ragged, sq != sk."""
+    long = fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"]
+    for i, (b, sq, sk, hq, hkv) in enumerate([(1, 2049, 2049, 2, 2), (2, 1100, 300, 4, 2), (1, 1500, 3000, 8, 1)]):
+        k, v = (ramped(b, sk, hkv, 128, 60 + 10 * i + j) for j in range(2))
+        for q_rows in (128, 64):
+            q = striped(b, sq, hq, 128, 61 + 10 * i, q_rows)
+            inputs = fp8.prepare(q, k, v, "block", (q_rows, fp8.default_block_rows(128)[1]), hadamard=True, seed=i)
+            assert fp8_ops._checked_kernel(inputs, "bf16", False, False).spec == long
+            check(inputs, False)
+        split = fp8.prepare(q, k, v, "block", (128, 192), hadamard=True, seed=i)
+        assert fp8_ops._checked_kernel(split, "bf16", False, False).spec == fa3gen.registry.REGISTRY["fwd_d128_e4m3"]
+        check(split, False)
 
 
 def test_fp8_fp16_output_and_window():
