@@ -14,7 +14,6 @@ rescale; per-block factors must cover whole warpgroups' rows (Q) and key blocks 
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -52,22 +51,14 @@ def _seqlen_bucket(inputs: Fp8Inputs, causal: bool, window: bool) -> str | None:
     """The registry's bucket of tiles for these inputs' query length, where their K/V scale blocks
     are whole key blocks of its kernel (fa3gen.fp8.prepare's default blocks are); else None."""
     q = inputs.q.data
-    d, dv = q.shape[-1], inputs.head_dim_v
-    if dv != d or window or not inputs.v.kernel_v_layout:
-        return None
-    bucket = registry.fp8_seqlen_bucket(d, causal, q.shape[1])
+    d = q.shape[-1]
+    bucket = registry.fp8_seqlen_bucket(d, inputs.head_dim_v, causal, window, not inputs.v.kernel_v_layout,
+                                        q.shape[1])
     if bucket is None:
         return None
-    block_n = _bucket_key_block(d, causal, bucket)
+    block_n = registry.fp8_bucket_spec(d, causal, bucket).block_n
     blocked = [x for x in (inputs.k, inputs.v) if x.granularity == "block"]
     return bucket if all((x.block_size or 0) % block_n == 0 for x in blocked) else None
-
-
-@functools.lru_cache(maxsize=None)
-def _bucket_key_block(head_dim: int, causal: bool, bucket: str) -> int:
-    """The key block (block_n) of a bucket's kernel; memoized: a spec's validation costs more
-    host time than a short kernel's launch."""
-    return registry.default_fp8_spec(head_dim, head_dim, "bf16", causal, seqlen_q=bucket).block_n
 
 
 def _check_inputs(x: Fp8Inputs) -> None:

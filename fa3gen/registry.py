@@ -90,12 +90,18 @@ def _bucket_name(head_dim: int, dtype: str, causal: bool, bucket: str) -> str:
     return f"{_registry_name(head_dim, dtype, causal)}_{bucket}"
 
 
-REGISTRY.update({
-    _bucket_name(d, dtype, causal, bucket): KernelSpec(head_dim=d, dtype=dtype, causal=causal, **fields)
-    for (d, causal), (_, short, long) in SEQLEN_TILES.items()
-    for bucket, fields in (("short", short), ("long", long)) if fields
-    for dtype in ("bf16", "fp16")
-})
+def _bucket_specs(tiles: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]],
+                  dtypes: tuple[str, ...]) -> dict[str, KernelSpec]:
+    """The registry entries of a table of tiles by query length (each bucket with fields of its own)."""
+    return {
+        _bucket_name(d, dtype, causal, bucket): KernelSpec(head_dim=d, dtype=dtype, causal=causal, **fields)
+        for (d, causal), (_, short, long) in tiles.items()
+        for bucket, fields in (("short", short), ("long", long)) if fields
+        for dtype in dtypes
+    }
+
+
+REGISTRY.update(_bucket_specs(SEQLEN_TILES, ("bf16", "fp16")))
 
 
 def seqlen_bucket(head_dim: int, causal: bool, seqlen_q: int | str | None) -> str | None:
@@ -128,16 +134,22 @@ FP8_SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, An
     (128, False): (1024, {}, {"block_m": 192, "block_n": 128}),
 }
 
-REGISTRY.update({
-    _bucket_name(d, "e4m3", causal, bucket): KernelSpec(head_dim=d, dtype="e4m3", causal=causal, **fields)
-    for (d, causal), (_, short, long) in FP8_SEQLEN_TILES.items()
-    for bucket, fields in (("short", short), ("long", long)) if fields
-})
+REGISTRY.update(_bucket_specs(FP8_SEQLEN_TILES, ("e4m3",)))
 
 
-def fp8_seqlen_bucket(head_dim: int, causal: bool, seqlen_q: int | str | None) -> str | None:
-    """As seqlen_bucket, for the e4m3 kernels (FP8_SEQLEN_TILES)."""
-    return _bucket_of(FP8_SEQLEN_TILES.get((head_dim, causal)), seqlen_q)
+def fp8_seqlen_bucket(head_dim: int, head_dim_v: int, causal: bool, window: bool, v_transpose_in_kernel: bool,
+                      seqlen_q: int | str | None) -> str | None:
+    """As seqlen_bucket, for the e4m3 kernels (FP8_SEQLEN_TILES): only the plain problem
+    (head_dim_v == head_dim, no window, V in the kernel's layout) has tiles by query length."""
+    if head_dim_v != head_dim or window or v_transpose_in_kernel:
+        return None
+    return _bucket_of(FP8_SEQLEN_TILES.get((head_dim, bool(causal))), seqlen_q)
+
+
+def fp8_bucket_spec(head_dim: int, causal: bool, bucket: str) -> KernelSpec:
+    """The registry's e4m3 kernel of a bucket of fp8_seqlen_bucket (bf16 out; the tiles are the
+    same for fp16)."""
+    return REGISTRY[_bucket_name(head_dim, "e4m3", bool(causal), bucket)]
 
 
 def fp8_key_block_sizes(head_dim: int) -> tuple[int, ...]:
@@ -226,8 +238,7 @@ def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: boo
     out = _DTYPE_ALIASES.get(str(out_dtype).removeprefix("torch."))
     if out is None:
         raise ValueError(f"out_dtype={out_dtype!r} is not supported: use 'bf16' or 'fp16'")
-    plain = head_dim_v == head_dim and not window and not v_transpose_in_kernel
-    bucket = fp8_seqlen_bucket(head_dim, bool(causal), seqlen_q) if plain else None
+    bucket = fp8_seqlen_bucket(head_dim, head_dim_v, causal, window, v_transpose_in_kernel, seqlen_q)
     entry = FP8_SEQLEN_TILES.get((head_dim, bool(causal)))
     tiles = {} if bucket is None or entry is None else entry[1 if bucket == "short" else 2]
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
