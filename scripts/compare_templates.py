@@ -4,11 +4,13 @@ A spec switch is how most kernel changes are measured (scripts/compare_specs.py)
 a shared header or partial has no switch. Copy templates/ aside before the change, then give the
 copy as --old: every spec is compiled from both trees (the cache keys differ by the sources) and
 the two kernels run interleaved on the same inputs (FA3 setup: 16k tokens, hidden 2048), outputs
-compared. e4m3 specs run on fa3gen.fp8.prepare'd inputs (--granularity of their scales).
+compared. e4m3 specs run on fa3gen.fp8.prepare'd inputs (--granularity of their scales; with
+"block", --block-rows: scale blocks of one tile, prepare's default, or Q:KV rows).
 
 Usage: cp -r templates /tmp/templates_old; (edit templates/); then on the GPU machine
        python scripts/compare_templates.py --old /tmp/templates_old [--seqlens 4096,16384]
-              [--granularity block,head] SPEC [SPEC ...]     # registry names or spec JSON
+              [--granularity block,head] [--block-rows tile,prepare,128:128]
+              SPEC [SPEC ...]     # registry names or spec JSON
 """
 
 from __future__ import annotations
@@ -46,11 +48,30 @@ def call_of(spec: fa3gen.KernelSpec, kernel, inputs):
     return lambda: kernel(*inputs)
 
 
+def scalings(spec: fa3gen.KernelSpec, granularities: str, block_rows: str) -> list[tuple[str, tuple[int, int] | None]]:
+    """(granularity, block scales' (Q, KV) rows) to time an e4m3 spec on; ("-", None) for 16-bit."""
+    if not spec.is_fp8:
+        return [("-", None)]
+    rows = {"tile": (spec.block_m, spec.block_n), "prepare": fp8.default_block_rows(spec.head_dim)}
+    out: list[tuple[str, tuple[int, int] | None]] = []
+    for granularity in granularities.split(","):
+        if granularity != "block":
+            out.append((granularity, None))
+            continue
+        for r in block_rows.split(","):
+            pair = rows[r] if r in rows else tuple(int(x) for x in r.split(":"))
+            if (granularity, pair) not in out:  # one tile may be prepare's default
+                out.append((granularity, pair))
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", type=Path, required=True, help="the template tree before the change")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--granularity", default="block", help="e4m3 scales, comma-separated: tensor, head, block")
+    ap.add_argument("--block-rows", default="tile",
+                    help="block scales' rows, comma-separated: tile (one tile of the spec), prepare (its default), Q:KV")
     ap.add_argument("specs", nargs="+")
     args = ap.parse_args(argv)
     print("| spec | seqlen | scales | old TFLOP/s | new TFLOP/s | new/old | rel diff |")
@@ -62,16 +83,16 @@ def main(argv: list[str]) -> int:
         for d, s, b, h, causal in bench_cases([spec.head_dim], [int(x) for x in args.seqlens.split(",")], [spec.causal]):
             gen = torch.Generator(device="cuda").manual_seed(s + d)
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[spec.dtype], generator=gen) for _ in range(3))
-            for granularity in args.granularity.split(",") if spec.is_fp8 else ["-"]:
-                # Both kernels on the same inputs (fp8: quantized once, one scale per tile).
-                inputs = (fp8.prepare(q, k, v, granularity, (spec.block_m, spec.block_n), hadamard=True)
-                          if spec.is_fp8 else (q, k, v))
+            for granularity, rows in scalings(spec, args.granularity, args.block_rows):
+                # Both kernels on the same inputs (fp8: quantized once).
+                inputs = fp8.prepare(q, k, v, granularity, rows, hadamard=True) if spec.is_fp8 else (q, k, v)
                 fns = {name: call_of(spec, kern, inputs) for name, kern in (("old", old), ("new", new))}
                 out_old, out_new = (fns[name]().float() for name in ("old", "new"))
                 diff = float((out_old - out_new).norm() / out_old.norm())
                 ms = time_cuda_ms_interleaved(fns, 5, 20, 20.0)
                 tf = {name: attn_fwd_flops(b, h, s, s, d, causal) / t / 1e9 for name, t in ms.items()}
-                print(f"| {spec.name} | {s} | {granularity} | {tf['old']:.1f} | {tf['new']:.1f} | "
+                scales = granularity if granularity != "block" else f"block {rows[0]}:{rows[1]}"
+                print(f"| {spec.name} | {s} | {scales} | {tf['old']:.1f} | {tf['new']:.1f} | "
                       f"{tf['new'] / tf['old']:.3f} | {diff:.1e} |", flush=True)
     return 0
 
