@@ -231,6 +231,23 @@ __device__ __forceinline__ float descale_at(Fa3genDescale const& d, int batch, i
   return __ldg(d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride);
 }
 
+// Where the factor of scale block `block` of (batch, head) lies; nullptr where the tensor has no
+// factors or the factor is not `wanted`.
+__device__ __forceinline__ float const* descale_address(Fa3genDescale const& d, int batch, int head, int block,
+                                                        bool wanted) {
+  return !wanted || d.scale == nullptr ? nullptr
+                                       : d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride;
+}
+
+// The factor at `at`, 1 at nullptr: a predicated load. Behind a branch, ptxas moved the loaded
+// value into a uniform register at the merge, right after the load, and waited out its latency
+// there however early the load was issued.
+__device__ __forceinline__ float descale_load(float const* at) {
+  float x = 1.f;
+  asm("{\n .reg .pred p;\n setp.ne.u64 p, %1, 0;\n @p ld.global.nc.f32 %0, [%1];\n}" : "+f"(x) : "l"(at));
+  return x;
+}
+
 // The divider from a query row (units 1) or a key block's index (units kBlockN) to its scale
 // block's index, as a multiply-shift: built on the host, whose constructor divides in 64 bits, so
 // a lookup costs a multiply-high where a plain division by a runtime count costs ~20 instructions
@@ -250,11 +267,13 @@ struct TileDescale {
   // Q's factor is this warpgroup's: its 64 rows lie in one scale block (the launcher checked that
   // blocks are whole warpgroups' rows), so a tile may span Q scale blocks (192-row tiles on
   // 128-row blocks).
-  __device__ TileDescale(KernelParams const& p, TileCoord const& t, int mma_thread)
+  // `blocks`: the tile's key blocks, visited from the last down.
+  __device__ TileDescale(KernelParams const& p, TileCoord const& t, int mma_thread, KeyBlockRange const& blocks)
       : k_per_block(p.k_descale.scale != nullptr && p.k_descale.block_stride != 0), v_unit(1.f) {
     int const q_block = p.q_scale_block.div(t.m_block * kBlockM + mma_thread / 128 * kWarpgroupRows);
     qk = descale_at(p.q_descale, t.batch, t.head, q_block) *
          (k_per_block ? 1.f : descale_at(p.k_descale, t.batch, t.head_kv, 0));
+    ahead = blocks.empty() ? 1.f : lane_factor(p, t, blocks.end - 1);
   }
 
   // The key block's K and V factors, loaded while its GEMMs run (the loads' latency stays off the
@@ -265,6 +284,29 @@ struct TileDescale {
   __device__ __forceinline__ Block block(KernelParams const& p, TileCoord const& t, int n_block) const {
     return {k_per_block ? descale_at(p.k_descale, t.batch, t.head_kv, p.k_scale_block.div(n_block)) : 1.f,
             descale_at(p.v_descale, t.batch, t.head_kv, p.v_scale_block.div(n_block))};
+  }
+
+  // Without intra-warpgroup overlap, loads issued under a block's GEMMs were still in flight when
+  // its softmax began, and on scale blocks of one key block (each load an L1 miss) that cost the
+  // 192 x 128 kernel a quarter of its speed: the serial loop loads each block's factors a block
+  // ahead. Split over the lanes (even lanes K's, odd V's), so that the value is not uniform and
+  // stays in a vector register until the next block shuffles it out. (With overlap and pingpong,
+  // the same prefetch lost 5-14%: those loops keep `block`.)
+  float ahead;
+
+  // This lane's factor of key block n_block.
+  __device__ __forceinline__ float lane_factor(KernelParams const& p, TileCoord const& t, int n_block) const {
+    float const* const k_at = descale_address(p.k_descale, t.batch, t.head_kv, p.k_scale_block.div(n_block), k_per_block);
+    float const* const v_at = descale_address(p.v_descale, t.batch, t.head_kv, p.v_scale_block.div(n_block), true);
+    return descale_load(threadIdx.x % 2 == 0 ? k_at : v_at);
+  }
+
+  // Key block n_block's factors, loaded a block ago; loads the next block's (the range's first
+  // block, the last visited, reloads its own).
+  __device__ __forceinline__ Block step(KernelParams const& p, TileCoord const& t, int n_block, KeyBlockRange const& blocks) {
+    Block const b{__shfl_sync(0xffffffff, ahead, 0), __shfl_sync(0xffffffff, ahead, 1)};
+    ahead = lane_factor(p, t, max(n_block - 1, blocks.begin));
+    return b;
   }
 
   // O's rows are about to be rescaled and then accumulate P·V of this block's raw fp8 V: move the
@@ -378,7 +420,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   TileCoord const t = scheduler.coord(p, tile);
   KeyBlockRange const blocks = key_block_range(p, t.m_block);
   clear(tOrO);
-  TileDescale descale(p, t, mma_thread);
+  TileDescale descale(p, t, mma_thread, blocks);
   fa3gen::OnlineSoftmax<kRows, /*kProbLog2Scale=*/8, /*kLazyRescaleLog2=*/-1, /*kChains=*/1> softmax(softmax_scale_log2(p) * descale.qk);
 
   if (!blocks.empty()) { pipeline_q.consumer_wait(read_q); }
@@ -387,7 +429,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileQK{}));
     pipeline_k.consumer_wait(read);
     fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk, tSrQ_buffers(_, _, _, read_q.index()), tSrK(_, _, _, read.index()), tSrS);
-    auto const block_descale = descale.block(p, t, n_block);  // loads under the GEMMs
+    auto const block_descale = descale.step(p, t, n_block, blocks);  // the next block's load under the GEMMs
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read);
     release_q_after_last_qk(pipeline_q, read_q, blocks, n_block);

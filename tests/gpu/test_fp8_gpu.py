@@ -139,6 +139,25 @@ def test_fp8_v_transposed_in_kernel(spec, granularity):
         assert torch.equal(out, pre_out) and torch.equal(lse, pre_lse)
 
 
+REGISTRY_FP8 = [name for name, s in fa3gen.registry.REGISTRY.items() if s.kind == "fwd" and s.dtype == "e4m3"]
+
+
+@pytest.mark.parametrize("name", REGISTRY_FP8)
+def test_fp8_key_block_factors_loaded_a_block_ahead(name):
+    """K and V scale blocks of one key block each, K's magnitude alternating every key block and
+    V's every two: a factor taken from the neighbouring block, or K's and V's swapped (the kernel
+    loads a key block's factors a block ahead, K's in even lanes and V's in odd), is off by 2-4x.
+    GQA, ragged, sq != sk."""
+    spec = fa3gen.registry.REGISTRY[name]
+    kernel = fa3gen.compile(spec)
+    d, n = spec.head_dim, spec.block_n
+    for i, (b, sq, sk, hq, hkv) in enumerate([(1, 2049, 2049, 2, 2), (2, 700, 1100, 4, 2)]):
+        q = ramped(b, sq, hq, d, 100 + 10 * i)
+        k = striped(b, sk, hkv, d, 101 + 10 * i, n)
+        v = striped(b, sk, hkv, d, 102 + 10 * i, 2 * n)
+        check(fp8.prepare(q, k, v, "block", (128, n), hadamard=True, seed=i), spec.causal, kernel=kernel)
+
+
 @pytest.mark.parametrize("spec", INTER_TILE_SPECS, ids=lambda s: s.name)
 def test_fp8_inter_tile_overlap(spec):
     """~8 tiles per CTA chained into each other, per-tile scales of Q, K and V (a magnitude ramp, so
