@@ -8,7 +8,7 @@ compared. e4m3 specs run on fa3gen.fp8.prepare'd inputs (--granularity of their 
 "block", --block-rows: scale blocks of one tile, prepare's default, or Q:KV rows).
 
 Usage: cp -r templates /tmp/templates_old; (edit templates/); then on the GPU machine
-       python scripts/compare_templates.py --old /tmp/templates_old [--seqlens 4096,16384]
+       python scripts/compare_templates.py --old /tmp/templates_old [--new TREE] [--seqlens 4096,16384]
               [--granularity block,head] [--block-rows tile,prepare,128:128]
               SPEC [SPEC ...]     # registry names or spec JSON
 """
@@ -68,6 +68,7 @@ def scalings(spec: fa3gen.KernelSpec, granularities: str, block_rows: str) -> li
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", type=Path, required=True, help="the template tree before the change")
+    ap.add_argument("--new", type=Path, default=None, help="the template tree after it (default: the current one)")
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--granularity", default="block", help="e4m3 scales, comma-separated: tensor, head, block")
     ap.add_argument("--block-rows", default="tile",
@@ -79,7 +80,7 @@ def main(argv: list[str]) -> int:
     for spec in (registry.resolve(s) for s in args.specs):
         if spec.kind != "fwd":
             raise SystemExit(f"{spec.name}: forward specs only")
-        old, new = compile_from(args.old, spec), compile_from(None, spec)
+        old, new = compile_from(args.old, spec), compile_from(args.new, spec)
         for d, s, b, h, causal in bench_cases([spec.head_dim], [int(x) for x in args.seqlens.split(",")], [spec.causal]):
             gen = torch.Generator(device="cuda").manual_seed(s + d)
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[spec.dtype], generator=gen) for _ in range(3))
