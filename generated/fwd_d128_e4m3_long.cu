@@ -239,9 +239,7 @@ __device__ __forceinline__ float const* descale_address(Fa3genDescale const& d, 
                                        : d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride;
 }
 
-// The factor at `at`, 1 at nullptr: a predicated load. Behind a branch, ptxas moved the loaded
-// value into a uniform register at the merge, right after the load, and waited out its latency
-// there however early the load was issued.
+// The factor at `at`, 1 at nullptr: one predicated load, no branch around it.
 __device__ __forceinline__ float descale_load(float const* at) {
   float x = 1.f;
   asm("{\n .reg .pred p;\n setp.ne.u64 p, %1, 0;\n @p ld.global.nc.f32 %0, [%1];\n}" : "+f"(x) : "l"(at));
