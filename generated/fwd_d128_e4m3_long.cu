@@ -225,18 +225,15 @@ __device__ __forceinline__ void mask_scores(KernelParams const& p, TensorS& s, T
 //      block_scale); V's factors are the unit of the fp32 O accumulator, changed with the online
 //      softmax's rescale and applied at the end. No per-score multiply. ----
 
-// The factor of scale block `block` of (batch, head) (fa3gen/abi.h, Fa3genDescale).
-__device__ __forceinline__ float descale_at(Fa3genDescale const& d, int batch, int head, int block) {
-  if (d.scale == nullptr) { return 1.f; }
-  return __ldg(d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride);
+// Where the factor of scale block `block` of (batch, head) lies (fa3gen/abi.h, Fa3genDescale).
+__device__ __forceinline__ float const* descale_address(Fa3genDescale const& d, int batch, int head, int block) {
+  return d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride;
 }
 
-// Where the factor of scale block `block` of (batch, head) lies; nullptr where the tensor has no
-// factors or the factor is not `wanted`.
-__device__ __forceinline__ float const* descale_address(Fa3genDescale const& d, int batch, int head, int block,
-                                                        bool wanted) {
-  return !wanted || d.scale == nullptr ? nullptr
-                                       : d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride;
+// That factor; 1 where the tensor has none.
+__device__ __forceinline__ float descale_at(Fa3genDescale const& d, int batch, int head, int block) {
+  if (d.scale == nullptr) { return 1.f; }
+  return __ldg(descale_address(d, batch, head, block));
 }
 
 // The factor at `at`, 1 at nullptr: one predicated load, no branch around it.
@@ -292,10 +289,11 @@ struct TileDescale {
   // the same prefetch lost 5-14%: those loops keep `block`.)
   float ahead;
 
-  // This lane's factor of key block n_block.
+  // This lane's factor of key block n_block (nullptr: 1, K's folded into qk or no factors).
   __device__ __forceinline__ float lane_factor(KernelParams const& p, TileCoord const& t, int n_block) const {
-    float const* const k_at = descale_address(p.k_descale, t.batch, t.head_kv, p.k_scale_block.div(n_block), k_per_block);
-    float const* const v_at = descale_address(p.v_descale, t.batch, t.head_kv, p.v_scale_block.div(n_block), true);
+    float const* const k_at = k_per_block ? descale_address(p.k_descale, t.batch, t.head_kv, p.k_scale_block.div(n_block)) : nullptr;
+    float const* const v_at = p.v_descale.scale == nullptr ? nullptr
+                                                           : descale_address(p.v_descale, t.batch, t.head_kv, p.v_scale_block.div(n_block));
     return descale_load(threadIdx.x % 2 == 0 ? k_at : v_at);
   }
 

@@ -214,10 +214,15 @@ __device__ __forceinline__ void mask_scores(KernelParams const& p, TensorS& s, T
 //      block_scale); V's factors are the unit of the fp32 O accumulator, changed with the online
 //      softmax's rescale and applied at the end. No per-score multiply. ----
 
-// The factor of scale block `block` of (batch, head) (fa3gen/abi.h, Fa3genDescale).
+// Where the factor of scale block `block` of (batch, head) lies (fa3gen/abi.h, Fa3genDescale).
+__device__ __forceinline__ float const* descale_address(Fa3genDescale const& d, int batch, int head, int block) {
+  return d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride;
+}
+
+// That factor; 1 where the tensor has none.
 __device__ __forceinline__ float descale_at(Fa3genDescale const& d, int batch, int head, int block) {
   if (d.scale == nullptr) { return 1.f; }
-  return __ldg(d.scale + batch * d.batch_stride + int64_t(block) * d.block_stride + head * d.head_stride);
+  return __ldg(descale_address(d, batch, head, block));
 }
 
 // The divider from a query row (units 1) or a key block's index (units kBlockN) to its scale
