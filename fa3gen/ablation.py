@@ -25,6 +25,7 @@ def variants(dtype: str = "bf16") -> dict[str, KernelSpec | None]:
     return {
         "default (intra-warpgroup and inter-tile overlap, pingpong, persistent static, TMA-store epilogue, "
         "lazy rescale, two reduction chains per row, programmatic launch)": spec(),
+        "row sums on the tensor cores (P·1 WGMMAs; the e4m3 default, slower in 16-bit)": spec(row_sums_mma=True),
         "no lazy rescale (O rescaled every key block)": spec(lazy_rescale=False),
         "one reduction chain per row (softmax max and sum)": spec(row_reduce_chains=1),
         "no programmatic dependent launch": spec(programmatic_launch=False),

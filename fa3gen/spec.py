@@ -260,6 +260,22 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
 # they follow the softmax. After one row (1), ptxas still moved the other row's exp2 above the
 # store in the e4m3 and hdim 64 kernels, and hdim 128 and 256 lost 1-3%.
 PIN_PV_WAIT_HEAD_DIMS = (256,)
+# Row sums on the tensor cores (row_sums_mma): P·1 beside P·V, N = 8 columns of ones. On by
+# default for e4m3, whose softmax issue slots bound the key-block loop (an FADD a score is a seventh
+# of them); 16-bit kernels lost with it (H200, 2026-12-03, bf16, against HEAD's templates, one
+# process, TFLOP/s): hdim 64 (192 x 128) s2k 475.8 -> 412.2, s16k 525.3 -> 458.5; hdim 128
+# (192 x 128) s4k 628.0 -> 601.1, s16k 653.8 -> 627.5; causal s16k 608.7 -> 573.8: the N = 8
+# WGMMAs (one per 16 keys there, per 32 in e4m3) cost the tensor pipe more than the FADDs cost.
+# e4m3, one process against the thread sums (2026-12-04, TFLOP/s, s512 / 2k / 16k): hdim 64
+# 314.0 -> 324.4 / 412.9 -> 426.9 / 500.3 -> 515.5; hdim 128 past 1k queries (192 x 128, serial
+# loop) 590.3 -> 627.2 / 771.7 -> 838.4 / 844.2 -> 919.3; causal 335.5 -> 336.6 / 598.4 -> 620.5 /
+# 755.8 -> 820.5. The sums are of P as rounded to e4m3: O's error is unchanged (6.6-6.9e-3 vs the
+# dequantized inputs' float64 attention), the LSE's grows from 1.0-2.1e-2 to 2.2-3.0e-2. From
+# hdim 192 (lazy rescale, each block's V factor out of its sums) it tied at hdim 256 (1163.1 ->
+# 1156.8 at s16k, causal 1039.0 -> 1035.3) and moved the LSE more (4.3e-2): not taken there.
+ROW_SUMS_MMA_N = 8
+ROW_SUMS_MMA_DTYPES = ("e4m3",)
+ROW_SUMS_MMA_MAX_HEAD_DIM_V = 128
 PIN_PV_WAIT_BLOCK_N = 80
 
 
@@ -441,6 +457,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "producer_registers": lambda f: _bwd_producer_registers_default(f) if f["kind"] == "bwd" else None,
     "kv_prefetch": lambda f: _bwd_kv_prefetch_default(f) if f["kind"] == "bwd" else None,
     "v_transpose_in_kernel": lambda f: False,
+    "row_sums_mma": lambda f: _row_sums_mma_default(f) if f["kind"] == "fwd" else None,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -475,6 +492,31 @@ def _lazy_rescale_default(data: dict[str, Any]) -> bool:
     return LAZY_RESCALE_DEFAULT and isinstance(dv, int) and dv >= LAZY_RESCALE_MIN_HEAD_DIM_V
 
 
+def _row_sums_mma_blockers(fields: dict[str, Any]) -> list[str]:
+    """A filled forward spec's fields: why its row sums cannot run on the tensor cores (empty: they can)."""
+    why = []
+    if fields.get("dtype") == "e4m3" and fields.get("lazy_rescale"):
+        why.append("an e4m3 kernel without lazy_rescale (its lazy softmax weighs each block's sum by V's scale)")
+    if fields.get("pin_pv_wait"):
+        why.append("pin_pv_wait=0 (the pin stores the threads' row sums)")
+    return why
+
+
+def _row_sums_mma_default(fields: dict[str, Any]) -> bool:
+    """row_sums_mma when unset, from a filled forward spec's fields: on for the dtypes of
+    ROW_SUMS_MMA_DTYPES up to ROW_SUMS_MMA_MAX_HEAD_DIM_V where the spec allows it and the tile
+    of ones fits in shared memory."""
+    sizes = [fields.get(f) for f in ("block_m", "block_n", "head_dim", "head_dim_v", "stages", "q_buffers")]
+    if (fields.get("dtype", "bf16") not in ROW_SUMS_MMA_DTYPES or _row_sums_mma_blockers(fields)
+            or not all(isinstance(x, int) for x in sizes)):
+        return False
+    bm, bn, d, dv, stages, q_buffers = sizes
+    if dv > ROW_SUMS_MMA_MAX_HEAD_DIM_V:
+        return False
+    return _smem_bytes(str(fields.get("dtype", "bf16")), bm, bn, d, dv, stages, str(fields.get("epilogue")), q_buffers,
+                       bool(fields.get("v_transpose_in_kernel")), row_sums_mma=True) <= SMEM_BUDGET_BYTES
+
+
 def _sixteen_bit_with_head_dim_v(data: dict[str, Any], min_head_dim_v: int) -> bool:
     """A forward spec's raw fields: 16-bit inputs and head_dim_v >= min_head_dim_v (the lazy
     rescale and the reduction chains pay off only there)."""
@@ -503,15 +545,17 @@ def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_
 
 
 def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
-                epilogue: str, q_buffers: int = 1, v_transpose_in_kernel: bool = False) -> int:
+                epilogue: str, q_buffers: int = 1, v_transpose_in_kernel: bool = False,
+                row_sums_mma: bool = False) -> int:
     """Shared memory of one CTA: the Q buffers, the K/V stages (and V's stages as loaded, before
     the in-kernel transpose), the O staging tile (TMA epilogue; "tma_v" stages O in the V stages'
-    buffer instead), barriers."""
+    buffer instead), the tile of ones of the row sums on the tensor cores, barriers."""
     e = _bytes_per_element(dtype)
     q = q_buffers * block_m * head_dim * e
     kv = stages * block_n * (head_dim + head_dim_v * (2 if v_transpose_in_kernel else 1)) * e
     o = _o_tile_bytes(block_m, head_dim_v) if epilogue == "tma" else 0
-    return q + kv + o + BARRIER_SMEM_BYTES
+    ones = -(-ROW_SUMS_MMA_N * block_n * e // 1024) * 1024 if row_sums_mma else 0  # 1024-byte aligned
+    return q + kv + o + ones + BARRIER_SMEM_BYTES
 
 
 def _o_tile_bytes(block_m: int, head_dim_v: int) -> int:
@@ -645,6 +689,11 @@ class KernelSpec(BaseModel):
     # fa3gen.fp8.prepare applies). Costs shared memory for V's stages as loaded and producer
     # registers (FP8_TRANSPOSE_REGISTER_SPLIT).
     v_transpose_in_kernel: bool = False
+    # Row sums on the tensor cores: each key block's P·V batch also issues P·1, an N = 8 WGMMA over a
+    # shared-memory tile of ones, whose accumulator (rescaled with O) holds every row's sum, so the
+    # softmax adds no scores up (one FADD a score fewer). The sums are of P as the P·V GEMM reads it
+    # (16-bit or e4m3). Not with e4m3 lazy_rescale or pin_pv_wait. None: _row_sums_mma_default.
+    row_sums_mma: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
     # parallelism for the two consumer warps a scheduler runs, whose dependent FMNMX/FADD chains
@@ -788,6 +837,8 @@ class KernelSpec(BaseModel):
             data["warpgroup_key_trim"] = _warpgroup_key_trim_default(data)
         if data.get("narrow_edge_block") is None:
             data["narrow_edge_block"] = _narrow_edge_block_default(data)
+        if data.get("row_sums_mma") is None:
+            data["row_sums_mma"] = _row_sums_mma_default(data)
         return data
 
     @classmethod
@@ -897,7 +948,7 @@ class KernelSpec(BaseModel):
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
             raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
                              "not causal (its key blocks run in order): leave it unset")
-        for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim", "narrow_edge_block"):
+        for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim", "narrow_edge_block", "row_sums_mma"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to forward kernels; leave it unset for kind='bwd'")
         # The step layouts these fields change exist only with the keys split: why not otherwise.
@@ -981,6 +1032,8 @@ class KernelSpec(BaseModel):
                              "intra_wg_overlap=True (without it each P·V is waited for as soon as it is issued)")
         if self.narrow_edge_block:
             self._check_narrow_edge_block()
+        if self.row_sums_mma and _row_sums_mma_blockers(self.model_dump()):
+            raise ValueError("row_sums_mma needs " + "; ".join(_row_sums_mma_blockers(self.model_dump())))
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -1009,7 +1062,8 @@ class KernelSpec(BaseModel):
             return _bwd_smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v, self.stages)
         assert self.q_buffers
         return _smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v,
-                           self.stages, self.epilogue, self.q_buffers, self.v_transpose_in_kernel)
+                           self.stages, self.epilogue, self.q_buffers, self.v_transpose_in_kernel,
+                           bool(self.row_sums_mma))
 
     @property
     def bwd_splits_head_dim(self) -> bool:
@@ -1140,6 +1194,7 @@ class KernelSpec(BaseModel):
         sched += "_wgt" if self.warpgroup_key_trim else ""
         sched += "_neb" if self.narrow_edge_block else ""
         sched += "_vtk" if self.v_transpose_in_kernel else ""
+        sched += "_rsm" if self.row_sums_mma else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

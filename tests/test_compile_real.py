@@ -15,7 +15,7 @@ from fa3gen import REGISTRY, ptxas_report
 from fa3gen.build import BuildResult, build_many
 from fa3gen.registry import REPRESENTATIVE
 from fa3gen.sass import WAIT_ALL_WGMMA, dump_sass, find_cuobjdump, key_block_loop, wait_placement
-from fa3gen.spec import SMEM_BUDGET_BYTES, KernelSpec
+from fa3gen.spec import SMEM_BUDGET_BYTES, WGMMA_K_FP8, KernelSpec
 
 # The representative spec (TMA-store epilogue per warpgroup), the one with the most register
 # pressure (hdim 256 causal: O staged in the V buffer and stored by the producer, lpt scheduler),
@@ -61,6 +61,9 @@ SPECS = {
     # FP8 with V as the model holds it: warps 1-3 of the producer warpgroup transpose each block in
     # shared memory (byte permutes), producer at 40 registers, consumers at 232.
     "d128_e4m3_v_transpose_in_kernel": KernelSpec(head_dim=128, dtype="e4m3", v_transpose_in_kernel=True),
+    # FP8 past 1k queries: three consumer warpgroups without intra-warpgroup overlap (the serial
+    # loop, each block's descale factors loaded a block ahead), row sums on the tensor cores.
+    "fwd_d128_e4m3_long": REGISTRY["fwd_d128_e4m3_long"],
 }
 NAMES = list(SPECS)
 # Spill bytes a kernel may have, and why. The causal hdim 256 forward (lpt scheduler, O staged in
@@ -138,6 +141,22 @@ def test_sass_narrow_edge_block_wgmma(builds: dict[str, BuildResult], name: str)
     narrow, whole = f"HGMMA.64x{spec.block_n // 2}x16", f"HGMMA.64x{spec.block_n}x16"
     assert narrow in sass and whole in sass, sorted(set(re.findall(r"HGMMA\.\d+x\d+x\d+", sass)))
     assert not any(narrow in t for t in key_block_loop(sass))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kind == "fwd" and SPECS[n].is_fp8])
+def test_sass_row_sums_on_the_tensor_cores(builds: dict[str, BuildResult], name: str) -> None:
+    """row_sums_mma (the e4m3 default without lazy rescale): each key block's P·V comes with N = 8
+    WGMMAs of P·1 (one per 32 keys), and the softmax adds no scores up: the key-block loop keeps
+    only the few FADDs of folding the block's sums in. Without it, an FADD per score."""
+    spec, loop = SPECS[name], key_block_loop(_sass(builds[name]))
+    assert loop, "no key-block loop found"
+    sums_mma = [t for t in loop if re.match(r"QGMMA\.64x8x32\b", t)]
+    fadd = [t for t in loop if re.match(r"(@!?U?P\w+\s+)?FADD\b", t)]
+    if spec.row_sums_mma:
+        assert len(sums_mma) == spec.block_n // WGMMA_K_FP8, sums_mma
+        assert len(fadd) <= 8, f"{len(fadd)} FADD in the key-block loop"
+    else:
+        assert not sums_mma and len(fadd) >= spec.block_n // 2, f"{len(fadd)} FADD in the key-block loop"
 
 
 @pytest.mark.parametrize("name", NAMES)

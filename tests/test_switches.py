@@ -249,7 +249,45 @@ def test_row_reduce_chains_defaults_and_render(head_dim):
         KernelSpec(head_dim=head_dim, kind="bwd", row_reduce_chains=2)
     if head_dim != 96:
         fp8 = KernelSpec(head_dim=head_dim, dtype="e4m3")
-        assert fp8.row_reduce_chains == 1 and "/*kChains=*/1> softmax(" in render(fp8)
+        chains = "/*kChains=*/1, /*kThreadSums=*/false> softmax(" if fp8.row_sums_mma else "/*kChains=*/1> softmax("
+        assert fp8.row_reduce_chains == 1 and chains in render(fp8)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+def test_row_sums_mma_defaults_render_and_refusals(head_dim):
+    """Row sums on the tensor cores: on by default for e4m3 up to head_dim_v 128 (eager rescale
+    there), off for 16-bit kernels and from hdim 192, written to the canonical JSON only where it
+    differs from that default. Rendered as a P·1 WGMMA in every P·V batch over a tile of ones
+    written once before the first barrier, its block sums added into the softmax's fp32 row sums
+    after each P·V completes and rescaled with O; the softmax sums no scores itself. Refused with
+    e4m3 lazy rescale, pin_pv_wait and for the backward; the tile of ones counts in shared memory."""
+    fp8 = KernelSpec(head_dim=head_dim, dtype="e4m3")
+    assert fp8.row_sums_mma == (head_dim <= 128) and fp8.lazy_rescale == (head_dim > 128)
+    assert ("_rsm" in fp8.name) == fp8.row_sums_mma and "row_sums_mma" not in fp8.canonical_json()
+    assert KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=False).row_sums_mma == (head_dim <= 128)
+    assert not KernelSpec(head_dim=head_dim).row_sums_mma and not KernelSpec(head_dim=head_dim, causal=True).row_sums_mma
+    on = KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=False, row_sums_mma=True)
+    off = KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=False, row_sums_mma=False)
+    assert on.smem_bytes - off.smem_bytes == -(-8 * on.block_n // 1024) * 1024
+    code, plain = render(on), render(off)
+    assert "/*kThreadSums=*/false> softmax(" in code and "smem.ones[i] = Element(1.f);" in code
+    assert "fence_view_async_shared();" in code and "TiledMmaRowSums" in code
+    # the loop's P·V, the tile's last one, and (chained tiles) the previous tile's beside the next's first Q·Kᵀ
+    assert code.count("fa3gen::wgmma_gemm_with_row_sums(mma_pv, mma_sums, p_operand,") == 2 + on.inter_tile_overlap
+    assert code.count(".add_row_sums(sum_rows);") == 2 + on.inter_tile_overlap
+    assert "if (rescale_o) { softmax.rescale_row_sums(rescale); }" in code
+    assert "wgmma_gemm_with_row_sums" not in plain and "smem.ones" not in plain and "kThreadSums" not in plain
+    serial = render(KernelSpec(head_dim=128, dtype="e4m3", block_m=192, block_n=128, row_sums_mma=True))
+    assert serial.count("wgmma_gemm_with_row_sums(") == 1 and serial.count(".add_row_sums(sum_rows);") == 1
+    assert ('"row_sums_mma":false' in off.canonical_json()) == (head_dim <= 128)
+    bf16 = KernelSpec(head_dim=head_dim, row_sums_mma=True, pin_pv_wait=0)
+    assert '"row_sums_mma":true' in bf16.canonical_json() and "_rsm" in bf16.name
+    with pytest.raises(ValidationError, match="row_sums_mma needs an e4m3 kernel without lazy_rescale"):
+        KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=True, row_sums_mma=True)
+    with pytest.raises(ValidationError, match="row_sums_mma needs pin_pv_wait=0"):
+        KernelSpec(head_dim=head_dim, pin_pv_wait=2, row_sums_mma=True)
+    with pytest.raises(ValidationError, match="row_sums_mma applies to forward kernels"):
+        KernelSpec(kind="bwd", head_dim=head_dim, row_sums_mma=True)
 
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)

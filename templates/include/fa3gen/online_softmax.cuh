@@ -29,10 +29,13 @@ __device__ __forceinline__ float quad_allreduce_sum(float x) {
 // register. -1: the max follows every block's.
 // kChains: each row's max and sum over a block run in that many independent chains (columns
 // round-robin), combined at the end, so a warp has more than one dependent FMNMX/FADD in flight.
-template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1, int kChains = 1>
+// kThreadSums false (row sums on the tensor cores): the kernel sums each block's P rows as P·1
+// beside P·V and adds them in (add_row_sums); update leaves row_sum alone, saving an FADD a score,
+// and row_sum holds whole rows' sums, rescaled with O (rescale_row_sums).
+template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1, int kChains = 1, bool kThreadSums = true>
 struct OnlineSoftmax {
   float row_max[kRows];  // running max of raw scores; -inf until a row sees a visible key
-  float row_sum[kRows];  // this thread's partial sum of exp(scale * (s - row_max))
+  float row_sum[kRows];  // this thread's partial sum of exp(scale * (s - row_max)) (without kThreadSums: the row's)
   float scale_log2;      // softmax_scale * log2(e): exp(scale * x) == exp2(scale_log2 * x)
 
   __device__ explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
@@ -79,11 +82,13 @@ struct OnlineSoftmax {
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
         s(r, c) = exp2f(fmaf(s(r, c), scale_log2 * block_scale, -offset));
-        sum[c % kChains] += s(r, c);
+        if constexpr (kThreadSums) { sum[c % kChains] += s(r, c); }
       }
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 1; i < kChains; ++i) { sum[0] += sum[i]; }
-      row_sum[r] = fmaf(row_sum[r], rescale[r], sum[0]);
+      if constexpr (kThreadSums) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 1; i < kChains; ++i) { sum[0] += sum[i]; }
+        row_sum[r] = fmaf(row_sum[r], rescale[r], sum[0]);
+      }
     }
     return raise;
   }
@@ -97,13 +102,30 @@ struct OnlineSoftmax {
     }
   }
 
+  // Without kThreadSums: a completed P·1 of one key block (rows, 8 columns that all hold the row's
+  // sum) into the row sums. Summed per block and added here in fp32: an fp8 WGMMA accumulates with
+  // fewer bits than fp32 (outputs 1e-2 to 3e-1 off at 2k-16k keys when the sums ran on in it).
+  template <class TensorSums>
+  __device__ __forceinline__ void add_row_sums(TensorSums const& sums) {
+    static_assert(!kThreadSums);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) { row_sum[r] += sums(r, 0); }
+  }
+
+  // Without kThreadSums: the row sums follow O's rescale.
+  __device__ __forceinline__ void rescale_row_sums(float const (&rescale)[kRows]) {
+    static_assert(!kThreadSums);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) { row_sum[r] *= rescale[r]; }
+  }
+
   // Normalizes O's rows (times out_scale) and returns each row's log-sum-exp (natural log); empty
   // rows: O = 0, -inf.
   template <class TensorO>
   __device__ __forceinline__ void finish(TensorO& o, float softmax_scale, float (&lse)[kRows], float out_scale = 1.f) {
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float const sum = quad_allreduce_sum(row_sum[r]);
+      float const sum = kThreadSums ? quad_allreduce_sum(row_sum[r]) : row_sum[r];
       bool const empty = sum == 0.f || sum != sum;
       float const inv = empty ? 0.f : out_scale / sum;
       lse[r] = empty ? -CUDART_INF_F : row_max[r] * softmax_scale + __logf(sum) - float(kProbLog2Scale) * float(M_LN2);

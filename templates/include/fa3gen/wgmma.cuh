@@ -28,6 +28,32 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TensorA const& tA, Ten
   if constexpr (kARegisters) { warpgroup_fence_operand(const_cast<TensorA&>(tA)); }
 }
 
+// O += P·V and, in the same committed batch, sums = P·1: an N = 8 WGMMA per K slice over a
+// shared-memory tile of ones, beside V's (row sums on the tensor cores). Every column of sums holds
+// its row's sum over the block's keys (all threads of the quad); sums start at zero each batch.
+template <class TiledMmaPV, class TiledMmaSums, class TensorA, class TensorV, class TensorO, class TensorOnes,
+          class TensorSums>
+__device__ __forceinline__ void wgmma_gemm_with_row_sums(TiledMmaPV& mma_pv, TiledMmaSums& mma_sums, TensorA const& tA,
+                                                         TensorV const& tV, TensorO& tO, TensorOnes const& tOnes,
+                                                         TensorSums& tSums) {
+  warpgroup_fence_operand(const_cast<TensorA&>(tA));
+  warpgroup_fence_operand(tO);
+  warpgroup_fence_operand(tSums);
+  warpgroup_arrive();
+  mma_pv.accumulate_ = GMMA::ScaleOut::One;
+  mma_sums.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tA); ++k) {
+    cute::gemm(mma_pv, tA(_, _, k), tV(_, _, k), tO);
+    cute::gemm(mma_sums, tA(_, _, k), tOnes(_, _, k), tSums);
+    mma_sums.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(tSums);
+  warpgroup_fence_operand(tO);
+  warpgroup_fence_operand(const_cast<TensorA&>(tA));
+}
+
 // The same pointer, opaque to the compiler. WGMMA descriptors built from it inside a loop are
 // computed where they are used (a few integer ops) instead of hoisted out of the loop and kept
 // live, one 64-bit register pair per K slice, across it: in kernels at the register limit those
