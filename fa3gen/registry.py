@@ -130,7 +130,20 @@ REGISTRY.update({
 # FP8 forward tiles by query length, as SEQLEN_TILES (fields over the e4m3 defaults, FP8_TILES).
 # hdim 128 not causal past 1k: 192 x 128 tiles, three consumer warpgroups without intra-warpgroup
 # overlap or pingpong (each warpgroup's own Q factor lets 128-row Q scale blocks span the tile).
+# hdim 64: the same tiles at every length (threshold 0), causal or not, with intra-warpgroup overlap
+# and chained tiles (its default there): with the row sums on the tensor cores they beat the 128 x
+# 192 pingpong kernel, which stays for K/V scale blocks that 128 keys do not divide (H200,
+# 2026-12-04, one process, `scripts/bench_fp8.py --spec`, TFLOP/s, the pingpong kernel on
+# `prepare`'s blocks -> 192 x 128 on blocks of its tile, with / without overlap): s512 323.6 ->
+# 392.4 (without), s1k 387.1 -> 446.7 (without), s2k 423.1 -> 466.3 / 526.1, s4k 458.0 -> 509.7 /
+# 542.1, s16k 505.8 -> 592.4 / 591.6; causal s2k 352.5 -> 368.9 (with), s4k 410.5 -> 430.9, s16k
+# 464.8 -> 531.0. On K/V blocks of one key block the overlap loop loses (its factor loads), on
+# `prepare`'s 384-key blocks it wins (same process, without -> with overlap): s512 395.1 -> 421.3,
+# s1k 452.9 -> 447.0, s2k 528.1 -> 539.8, s4k 548.0 -> 557.3, s16k 586.8 -> 610.7; causal 227.3
+# -> 228.7, 300.9 -> 310.9, 412.0 -> 430.9, 475.0 -> 493.5, 546.3 -> 564.2.
 FP8_SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
+    (64, False): (0, {}, {"block_m": 192, "block_n": 128}),
+    (64, True): (0, {}, {"block_m": 192, "block_n": 128}),
     (128, False): (1024, {}, {"block_m": 192, "block_n": 128}),
 }
 

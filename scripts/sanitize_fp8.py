@@ -32,6 +32,10 @@ CASES = [  # b, sq, sk, hq, hkv, d, causal, granularity, spec changes
     (2, 300, 700, 4, 2, 128, False, "head", {"v_transpose_in_kernel": True}),
     # Three consumer warpgroups (fwd_d128_e4m3_long): 128-row Q scale blocks span its 192-row tiles.
     (2, 450, 700, 4, 2, 128, False, "block", {"block_m": 192, "block_n": 128}),
+    # hdim 64 (fwd_d64_e4m3_long, fwd_d64_e4m3_causal_long): the same tiles, with the row sums on
+    # the tensor cores.
+    (2, 450, 700, 4, 2, 64, False, "block", {"block_m": 192, "block_n": 128}),
+    (1, 500, 500, 2, 1, 64, True, "block", {"block_m": 192, "block_n": 128}),
 ]
 only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 

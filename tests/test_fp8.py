@@ -227,7 +227,8 @@ def test_canonical_json_round_trip(fields):
 
 # ---- registry --------------------------------------------------------------------------------
 
-FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")] + ["fwd_d128_e4m3_long"]
+FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")] + [
+    "fwd_d64_e4m3_long", "fwd_d64_e4m3_causal_long", "fwd_d128_e4m3_long"]
 
 
 @pytest.mark.parametrize("name", FP8_REGISTRY_NAMES)
@@ -781,6 +782,25 @@ def test_checked_kernel_matches_the_v_layout(monkeypatch):
         fp8_ops._checked_kernel(pre, "bf16", False, False, vtk)
     with pytest.raises(ValueError, match=r"pass a spec with v_transpose_in_kernel=True"):
         fp8_ops._checked_kernel(natural, "bf16", False, False, plain)
+
+
+def test_fp8_hdim_64_takes_three_warpgroup_tiles_at_every_length() -> None:
+    """hdim 64 takes 192 x 128 tiles on three consumer warpgroups (intra-warpgroup overlap, chained
+    tiles) at every query length, causal or not, with the row sums on the tensor cores; the
+    registry's 128 x 192 pingpong kernel takes K/V scale blocks that 128 keys do not divide."""
+    for causal in (False, True):
+        name = "fwd_d64_e4m3" + ("_causal" if causal else "")
+        for seqlen_q in (1, 512, 1024, 16384):
+            long = fa3gen.registry.default_fp8_spec(64, 64, "bf16", causal, seqlen_q=seqlen_q)
+            assert long is fa3gen.registry.REGISTRY[name + "_long"]
+        assert (long.block_m, long.block_n, long.num_consumer_warpgroups) == (192, 128, 3)
+        assert long.intra_wg_overlap and long.inter_tile_overlap and not long.pingpong and long.row_sums_mma
+        assert fa3gen.registry.REGISTRY[name].pingpong
+        q, k, v = (torch.randn(1, 300, 2, 64) for _ in range(3))
+        assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=causal, window=False) == "long"
+        assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 192)), causal, False) is None
+    assert fa3gen.registry.default_fp8_spec(64, 64, "bf16", False, seqlen_q=4096, window=True).block_m == 128
+    assert fp8.default_block_rows(64) == (128, 384)  # K/V blocks that 192- and 128-key blocks divide
 
 
 def test_fp8_long_queries_not_causal_at_hdim_128_take_three_warpgroup_tiles() -> None:

@@ -245,23 +245,25 @@ def test_fp8_default_lazy_kernel_as_accurate_as_eager(seqlen, nheads):
     assert lazy <= 1.03 * eager and lazy <= 1.03 * scheme
 
 
-def test_fp8_long_queries_take_192_row_tiles_over_smaller_q_blocks():
-    """Past 1k queries (hdim 128, not causal) the default is the 192 x 128 kernel of three consumer
-    warpgroups. On Q scale blocks of 128 rows (prepare's default) and of 64, a tile spans two or
-    three of them and each warpgroup folds its own rows' factor: Q's magnitude alternates with the
-    blocks, so one factor per tile is off by 2-4x in a third of the rows. Scale blocks of 192 keys
-    would split its key blocks: those inputs take the default kernel. GQA, ragged, sq != sk."""
-    long = fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"]
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False)])
+def test_fp8_long_queries_take_192_row_tiles_over_smaller_q_blocks(head_dim, causal):
+    """Past 1k queries (hdim 128 not causal; hdim 64 at every length) the default is the 192 x 128
+    kernel of three consumer warpgroups. On Q scale blocks of 128 rows (prepare's default) and of 64, a tile spans
+    two or three of them and each warpgroup folds its own rows' factor: Q's magnitude alternates
+    with the blocks, so one factor per tile is off by 2-4x in a third of the rows. Scale blocks of
+    192 keys would split its key blocks: those inputs take the default kernel. GQA, ragged, sq != sk."""
+    name = f"fwd_d{head_dim}_e4m3" + ("_causal" if causal else "")
+    long = fa3gen.registry.REGISTRY[name + "_long"]
     for i, (b, sq, sk, hq, hkv) in enumerate([(1, 2049, 2049, 2, 2), (2, 1100, 300, 4, 2), (1, 1500, 3000, 8, 1)]):
-        k, v = (ramped(b, sk, hkv, 128, 60 + 10 * i + j) for j in range(2))
+        k, v = (ramped(b, sk, hkv, head_dim, 60 + 10 * i + j) for j in range(2))
         for q_rows in (128, 64):
-            q = striped(b, sq, hq, 128, 61 + 10 * i, q_rows)
-            inputs = fp8.prepare(q, k, v, "block", (q_rows, fp8.default_block_rows(128)[1]), hadamard=True, seed=i)
-            assert fp8_ops._checked_kernel(inputs, "bf16", False, False).spec == long
-            check(inputs, False)
+            q = striped(b, sq, hq, head_dim, 61 + 10 * i, q_rows)
+            inputs = fp8.prepare(q, k, v, "block", (q_rows, fp8.default_block_rows(head_dim)[1]), hadamard=True, seed=i)
+            assert fp8_ops._checked_kernel(inputs, "bf16", causal, False).spec == long
+            check(inputs, causal)
         split = fp8.prepare(q, k, v, "block", (128, 192), hadamard=True, seed=i)
-        assert fp8_ops._checked_kernel(split, "bf16", False, False).spec == fa3gen.registry.REGISTRY["fwd_d128_e4m3"]
-        check(split, False)
+        assert fp8_ops._checked_kernel(split, "bf16", causal, False).spec == fa3gen.registry.REGISTRY[name]
+        check(split, causal)
 
 
 def test_fp8_fp16_output_and_window():
