@@ -12,8 +12,9 @@ Usage: python scripts/bench_fp8.py [--hdim 64,128,256] [--seqlens 4096,16384] [-
                                   [--tiles]   # also time the alternative tiles in TILE_CANDIDATES
                                   [--spec JSON ...]  # and these e4m3 specs, each on its head dim
 The default runs on `prepare`'s default blocks (every registry kernel's tiles divide them; at
-hdim 128 past 1k queries not causal that picks fwd_d128_e4m3_long), candidates on inputs with one
-scale per tile of their own tiles; each prints its output's difference from the bf16 kernel's.
+hdim 128 past 1k queries not causal that picks fwd_d128_e4m3_long, at hdim 64 fwd_d64_e4m3_long
+or its causal twin), candidates on inputs with one scale per tile of their own tiles; each prints
+its output's difference from the bf16 kernel's.
 """
 
 from __future__ import annotations
