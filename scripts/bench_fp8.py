@@ -11,10 +11,13 @@ Usage: python scripts/bench_fp8.py [--hdim 64,128,256] [--seqlens 4096,16384] [-
                                   [--v-alternating]  # V's block scales alternate between two powers of two
                                   [--tiles]   # also time the alternative tiles in TILE_CANDIDATES
                                   [--spec JSON ...]  # and these e4m3 specs, each on its head dim
+                                  [--candidate-blocks tile|prepare]  # the candidates' scale blocks
 The default runs on `prepare`'s default blocks (every registry kernel's tiles divide them; at
 hdim 128 past 1k queries not causal that picks fwd_d128_e4m3_long, at hdim 64 fwd_d64_e4m3_long
-or its causal twin), candidates on inputs with one scale per tile of their own tiles; each prints
-its output's difference from the bf16 kernel's.
+or its causal twin), candidates on inputs with one scale per tile of their own tiles, or with
+--candidate-blocks prepare on the default's inputs where their tiles divide its blocks (the
+overlap loops run slower on K/V blocks of one key block: the two effects apart); each prints its
+output's difference from the bf16 kernel's.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ def gemm_ceilings() -> dict[str, float]:
 
 
 def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: tuple[dict, ...] = (),
-             v_alternating: bool = False) -> dict:
+             v_alternating: bool = False, candidate_blocks: str = "tile") -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
     if v_alternating:  # V's magnitude 1x / 2x in alternate key blocks: their power-of-two scales alternate
@@ -110,16 +113,22 @@ def run_case(d: int, s: int, b: int, h: int, causal: bool, tiles: bool, extra: t
     }
     per_head = fp8.prepare(q, k, v, "head", hadamard=True)  # K's factor folds into the softmax scale
     fns["fp8 per-(batch, head) scales"] = lambda: fp8_ops.flash_attn_fp8_func(per_head, scale, causal)
-    # Each candidate runs on inputs scaled per tile of its own tiles, as the default does (and with
-    # V as the model holds it for a kernel that transposes V itself).
-    per_tile = {(fp8.default_block_rows(d), True): inputs}
+    # Each candidate runs on inputs scaled per tile of its own tiles (and with V as the model holds
+    # it for a kernel that transposes V itself), or on prepare's blocks (the default's inputs)
+    # where its tiles divide them.
+    prepare_rows = fp8.default_block_rows(d)
+    per_tile = {(prepare_rows, True): inputs}
     for spec in candidate_specs(d, causal, tiles, extra):
         try:
             kernel = fa3gen.compile(spec)
         except Exception as e:  # noqa: BLE001 - not prebuilt: reported, the rest still runs
             print(f"{spec.name}: {error_line(e)}")
             continue
-        key = ((spec.block_m, spec.block_n), not spec.v_transpose_in_kernel)
+        fits_prepare = prepare_rows[1] % spec.block_n == 0  # (its Q rows, 128, any kernel takes)
+        rows = prepare_rows if candidate_blocks == "prepare" and fits_prepare else (spec.block_m, spec.block_n)
+        if candidate_blocks == "prepare" and not fits_prepare:
+            print(f"  {spec.name}: its key blocks do not divide prepare's {prepare_rows[1]} rows: on its own tile's blocks")
+        key = (rows, not spec.v_transpose_in_kernel)
         if key not in per_tile:
             per_tile[key] = fp8.prepare(q, k, v, "block", key[0], hadamard=True, kernel_v_layout=key[1])
         fn = fns[f"fp8 {spec.name}"] = lambda kernel=kernel, x=per_tile[key]: fp8_ops.flash_attn_fp8_func(
@@ -151,6 +160,8 @@ def main() -> int:
     ap.add_argument("--tiles", action="store_true", help="also time the tiles in TILE_CANDIDATES")
     ap.add_argument("--v-alternating", action="store_true",
                     help="V's magnitude doubles in every other key block (its scales alternate between two powers of two)")
+    ap.add_argument("--candidate-blocks", choices=("tile", "prepare"), default="tile",
+                    help="the candidates' scale blocks: one tile of their own tiles, or prepare's default blocks")
     ap.add_argument("--spec", action="append", default=[],
                     help="also time this e4m3 spec (JSON fields) on the cases of its head_dim and causal")
     args = ap.parse_args()
@@ -163,7 +174,8 @@ def main() -> int:
     rows = []
     hdims, seqlens = ([int(x) for x in a.split(",")] for a in (args.hdim, args.seqlens))
     for d, s, b, h, causal in bench_cases(hdims, seqlens, (False, True)):
-        r = run_case(d, s, b, h, causal, args.tiles, tuple(json.loads(x) for x in args.spec), args.v_alternating)
+        r = run_case(d, s, b, h, causal, args.tiles, tuple(json.loads(x) for x in args.spec), args.v_alternating,
+                     args.candidate_blocks)
         rows.append(r)
         tf, ms = r["tflops"], r["ms"]
         print(f"| d{d} s{s} b{b} h{h}{' causal' if causal else ''} | {tf['fp8']:.1f} | "
