@@ -1032,8 +1032,8 @@ class KernelSpec(BaseModel):
                              "intra_wg_overlap=True (without it each P·V is waited for as soon as it is issued)")
         if self.narrow_edge_block:
             self._check_narrow_edge_block()
-        if self.row_sums_mma and _row_sums_mma_blockers(self.model_dump()):
-            raise ValueError("row_sums_mma needs " + "; ".join(_row_sums_mma_blockers(self.model_dump())))
+        if self.row_sums_mma and (blockers := _row_sums_mma_blockers(self.model_dump())):
+            raise ValueError("row_sums_mma needs " + "; ".join(blockers))
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes

@@ -531,12 +531,12 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(CUTE_GRID_CONSTANT Ker
   PipelineKV pipeline_k(smem.pipeline_k, tma_pipeline_params<PipelineKV>(warpgroup, kBytesK), Shape<_1, _1, _1>{});
   PipelineKV pipeline_v(smem.pipeline_v, tma_pipeline_params<PipelineKV>(warpgroup, kBytesV), Shape<_1, _1, _1>{});
   if (warpgroup == 1) {
-    // The tile of ones P·1 reads, written once; fenced so that the WGMMAs (the async proxy) see it
-    // after the barrier below.
+    // The tile of ones P·1 reads, written once before the barrier below; fenced so that the WGMMAs
+    // (the async proxy) see it after that barrier.
     for (int i = threadIdx.x - 128; i < cosize_v<SmemLayoutOnes>; i += 128) { smem.ones[i] = Element(1.f); }
     cutlass::arch::fence_view_async_shared();
   }
-  __syncthreads();  // barriers initialized (and the ones written) before anyone waits on them
+  __syncthreads();  // barriers initialized before anyone waits on them
   // Launched as a programmatic dependent: all of the above overlapped the previous kernel's last
   // CTAs. Its writes (our inputs, the tile counter it reset) are visible only after this wait, and
   // it may still read what we are about to write. Our own dependent may launch at once: its CTAs

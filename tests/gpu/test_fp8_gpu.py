@@ -105,9 +105,10 @@ def run_poisoned(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1), kern
 
 
 def check(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1), kernel=None):
+    kernel = fp8_ops._checked_kernel(inputs, fp8_ops._OUT_DTYPES[out_dtype], causal, VariantArgs(tuple(window)).window,
+                                     kernel)  # the default for these inputs where kernel is None
     out, lse = run_poisoned(inputs, causal, out_dtype, window, kernel)
-    spec = fp8_ops._checked_kernel(inputs, fp8_ops._OUT_DTYPES[out_dtype], causal, VariantArgs(tuple(window)).window,
-                                   kernel).spec
+    spec = kernel.spec
     q, k, v = inputs.dequantized()
     ref, ref_lse = attention_reference(q, k, v, 1 / math.sqrt(q.shape[-1]), causal, window_size=window)
     what = f"q {tuple(q.shape)} k {tuple(k.shape)} causal={causal}"
