@@ -458,7 +458,6 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "kv_prefetch": lambda f: _bwd_kv_prefetch_default(f) if f["kind"] == "bwd" else None,
     "v_transpose_in_kernel": lambda f: False,
     "row_sums_mma": lambda f: _row_sums_mma_default(f) if f["kind"] == "fwd" else None,
-    "poly_exp2_every": lambda f: 0,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -496,11 +495,8 @@ def _lazy_rescale_default(data: dict[str, Any]) -> bool:
 def _row_sums_mma_blockers(fields: dict[str, Any]) -> list[str]:
     """A filled forward spec's fields: why its row sums cannot run on the tensor cores (empty: they can)."""
     why = []
-    if fields.get("dtype") == "e4m3" and fields.get("lazy_rescale") and fields.get("intra_wg_overlap"):
-        # The lazy softmax weighs each block's sums by that block's V ratio, kept until its P·1
-        # completes: before the next block's update in the serial loop, after it with the overlap.
-        why.append("an e4m3 kernel without lazy_rescale or without intra_wg_overlap (its lazy softmax "
-                   "weighs each block's sum by V's scale until the next block's update)")
+    if fields.get("dtype") == "e4m3" and fields.get("lazy_rescale"):
+        why.append("an e4m3 kernel without lazy_rescale (its lazy softmax weighs each block's sum by V's scale)")
     if fields.get("pin_pv_wait"):
         why.append("pin_pv_wait=0 (the pin stores the threads' row sums)")
     return why
@@ -698,12 +694,6 @@ class KernelSpec(BaseModel):
     # softmax adds no scores up (one FADD a score fewer). The sums are of P as the P·V GEMM reads it
     # (16-bit or e4m3). Not with e4m3 lazy_rescale or pin_pv_wait. None: _row_sums_mma_default.
     row_sums_mma: bool | None = None
-    # Every n-th score of a thread's row takes its softmax exp2 as a polynomial on the FMA pipe
-    # (fa3gen::exp2_fma: floor by a round-down add, 2^frac of degree 2 for e4m3, 3 for 16-bit,
-    # exact at powers of two) instead of the MUFU, whose exp2 runs at 16 a cycle per SM: at e4m3
-    # hdim 128, as long as the key block's GEMMs. Seven issue slots instead of one: for kernels
-    # with issue slots to spare. 0: every exp2 on the MUFU.
-    poly_exp2_every: int = Field(default=0, ge=0, le=64)
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
     # parallelism for the two consumer warps a scheduler runs, whose dependent FMNMX/FADD chains
@@ -951,7 +941,6 @@ class KernelSpec(BaseModel):
                                           ("programmatic_launch", self.programmatic_launch),
                                           ("lazy_rescale", self.lazy_rescale),
                                           ("row_reduce_chains", self.row_reduce_chains != 1),
-                                          ("poly_exp2_every", self.poly_exp2_every != 0),
                                           ("epilogue", self.epilogue != "direct"),
                                           ("q_buffers", self.q_buffers != 1)) if on]
         if fwd_only:
@@ -1206,7 +1195,6 @@ class KernelSpec(BaseModel):
         sched += "_neb" if self.narrow_edge_block else ""
         sched += "_vtk" if self.v_transpose_in_kernel else ""
         sched += "_rsm" if self.row_sums_mma else ""
-        sched += f"_pe{self.poly_exp2_every}" if self.poly_exp2_every else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

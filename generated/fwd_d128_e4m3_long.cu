@@ -275,7 +275,13 @@ struct TileDescale {
     int const q_block = p.q_scale_block.div(t.m_block * kBlockM + mma_thread / 128 * kWarpgroupRows);
     qk = descale_at(p.q_descale, t.batch, t.head, q_block) *
          (k_per_block ? 1.f : descale_at(p.k_descale, t.batch, t.head_kv, 0));
-    ahead = blocks.empty() ? 1.f : lane_factor(p, t, blocks.end - 1);
+    // Even lanes load K's factors, odd lanes V's (nullptr: none, or K's folded into qk).
+    bool const k_lane = threadIdx.x % 2 == 0;
+    Fa3genDescale const& d = k_lane ? p.k_descale : p.v_descale;
+    lane_row = (k_lane ? k_per_block : d.scale != nullptr) ? descale_address(d, t.batch, t.head_kv, 0) : nullptr;
+    lane_block_stride = d.block_stride;
+    lane_block_div = k_lane ? p.k_scale_block : p.v_scale_block;
+    ahead = blocks.empty() ? 1.f : lane_factor(blocks.end - 1);
   }
 
   // The key block's K and V factors, loaded while its GEMMs run (the loads' latency stays off the
@@ -295,20 +301,24 @@ struct TileDescale {
   // stays in a vector register until the next block shuffles it out. (With overlap and pingpong,
   // the same prefetch lost 5-14%: those loops keep `block`.)
   float ahead;
+  // This lane's factors of the tile's (batch, head), from the first scale block: a key block's
+  // is a multiply-shift and a multiply-add further. (The whole address from the kernel parameters
+  // per key block took ~45 of this issue-bound loop's ~600 instructions; hoisted, hdim 128 192 x
+  // 128 gained 1-2%. The same for the overlapped loops' uniform loads lost 2-10%: they keep it.)
+  float const* lane_row;
+  int64_t lane_block_stride;
+  cutlass::FastDivmod lane_block_div;
 
-  // This lane's factor of key block n_block (nullptr: 1, K's folded into qk or no factors).
-  __device__ __forceinline__ float lane_factor(KernelParams const& p, TileCoord const& t, int n_block) const {
-    float const* const k_at = k_per_block ? descale_address(p.k_descale, t.batch, t.head_kv, p.k_scale_block.div(n_block)) : nullptr;
-    float const* const v_at = p.v_descale.scale == nullptr ? nullptr
-                                                           : descale_address(p.v_descale, t.batch, t.head_kv, p.v_scale_block.div(n_block));
-    return descale_load(threadIdx.x % 2 == 0 ? k_at : v_at);
+  // This lane's factor of key block n_block (1 without a row).
+  __device__ __forceinline__ float lane_factor(int n_block) const {
+    return descale_load(lane_row == nullptr ? nullptr : lane_row + int64_t(lane_block_div.div(n_block)) * lane_block_stride);
   }
 
   // Key block n_block's factors, loaded a block ago; loads the next block's (the range's first
   // block, the last visited, reloads its own).
-  __device__ __forceinline__ Block step(KernelParams const& p, TileCoord const& t, int n_block, KeyBlockRange const& blocks) {
+  __device__ __forceinline__ Block step(int n_block, KeyBlockRange const& blocks) {
     Block const b{__shfl_sync(0xffffffff, ahead, 0), __shfl_sync(0xffffffff, ahead, 1)};
-    ahead = lane_factor(p, t, max(n_block - 1, blocks.begin));
+    ahead = lane_factor(max(n_block - 1, blocks.begin));
     return b;
   }
 
@@ -438,7 +448,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(TileQK{}));
     pipeline_k.consumer_wait(read);
     fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_qk, tSrQ_buffers(_, _, _, read_q.index()), tSrK(_, _, _, read.index()), tSrS);
-    auto const block_descale = descale.step(p, t, n_block, blocks);  // the next block's load under the GEMMs
+    auto const block_descale = descale.step(n_block, blocks);  // the next block's load under the GEMMs
     warpgroup_wait<0>();
     pipeline_k.consumer_release(read);
     release_q_after_last_qk(pipeline_q, read_q, blocks, n_block);

@@ -278,21 +278,14 @@ struct TileDescale {
 // probabilities through the exp2's offset, and back out of the row sums (one multiply a row); the
 // range bounds how much of P's e4m3 precision that factor takes. P stays below
 // 2^(kProbLog2Scale + kLazyRescaleLog2), within e4m3.
-// kThreadSums false (row sums on the tensor cores, serial loop only): update rescales the row sums
-// by the max's ratio alone, and add_row_sums weighs the block's P·1 by sum_factor, so a block's
-// sums must arrive before the next update.
-template <int kRows, int kProbLog2Scale, int kLazyRescaleLog2, int kChains, bool kThreadSums = true,
-          int kPolyExp2Every = 0, int kPolyExp2Degree = 2, int kUnitLog2Range = 2>
-struct Fp8LazySoftmax
-    : fa3gen::OnlineSoftmax<kRows, kProbLog2Scale, kLazyRescaleLog2, kChains, kThreadSums, kPolyExp2Every, kPolyExp2Degree> {
+template <int kRows, int kProbLog2Scale, int kLazyRescaleLog2, int kChains, int kUnitLog2Range = 2>
+struct Fp8LazySoftmax : fa3gen::OnlineSoftmax<kRows, kProbLog2Scale, kLazyRescaleLog2, kChains> {
   static_assert(kProbLog2Scale + kLazyRescaleLog2 <= 8, "P must stay below e4m3's 448");
-  using Base = fa3gen::OnlineSoftmax<kRows, kProbLog2Scale, kLazyRescaleLog2, kChains, kThreadSums, kPolyExp2Every,
-                                     kPolyExp2Degree>;
+  using Base = fa3gen::OnlineSoftmax<kRows, kProbLog2Scale, kLazyRescaleLog2, kChains>;
   using Base::Base;
   using Base::row_max;
   using Base::row_sum;
   using Base::scale_log2;
-  float sum_factor = 1.f;  // the last updated block's unit / V factor: its P·1 into the row sums' units
 
   // As OnlineSoftmax::update with K's block factor, and O's unit moved to V's factor when it
   // leaves the range (that forces the rescale). Returns whether O's rows need `rescale`.
@@ -306,7 +299,7 @@ struct Fp8LazySoftmax
     // Fast divisions: scalars of this block, the IEEE ones would branch to a slow path.
     float const unit_ratio = __fdividef(descale.v_unit, unit);  // O's rows into the new unit (0 at the first block: O is zero)
     float const v_log2 = __log2f(__fdividef(b.v, unit));        // in (-kUnitLog2Range, 0]
-    sum_factor = __fdividef(unit, b.v);
+    float const sum_factor = __fdividef(unit, b.v);
     descale.v_unit = unit;
     float block_max[kRows];
     bool grows = unit_moves;  // a row's first visible key: -inf to finite grows by inf
@@ -334,27 +327,15 @@ struct Fp8LazySoftmax
       for (int i = 0; i < kChains; ++i) { sum[i] = 0.f; }
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = fa3gen::exp2_of_column<kPolyExp2Every, kPolyExp2Degree>(fmaf(s(r, c), scale_log2 * b.k, -offset), c);
-        if constexpr (kThreadSums) { sum[c % kChains] += s(r, c); }
+        s(r, c) = exp2f(fmaf(s(r, c), scale_log2 * b.k, -offset));
+        sum[c % kChains] += s(r, c);
       }
-      if constexpr (kThreadSums) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 1; i < kChains; ++i) { sum[0] += sum[i]; }
-        row_sum[r] = fmaf(row_sum[r], max_ratio, sum[0] * sum_factor);
-      } else {
-        row_sum[r] *= max_ratio;  // whole rows' sums; O's rescale also holds V's unit change
-      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 1; i < kChains; ++i) { sum[0] += sum[i]; }
+      row_sum[r] = fmaf(row_sum[r], max_ratio, sum[0] * sum_factor);
       rescale[r] = max_ratio * unit_ratio;
     }
     return raise;
-  }
-
-  // Without kThreadSums: the completed P·1 of the block last updated, out of its V ratio.
-  template <class TensorSums>
-  __device__ __forceinline__ void add_row_sums(TensorSums const& sums) {
-    static_assert(!kThreadSums);
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) { row_sum[r] = fmaf(sums(r, 0), sum_factor, row_sum[r]); }
   }
 };
 

@@ -159,6 +159,18 @@ def test_sass_row_sums_on_the_tensor_cores(builds: dict[str, BuildResult], name:
         assert not sums_mma and len(fadd) >= spec.block_n // 2, f"{len(fadd)} FADD in the key-block loop"
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].is_fp8 and not SPECS[n].intra_wg_overlap])
+def test_sass_serial_fp8_loop_finds_factors_from_the_tile_row(builds: dict[str, BuildResult], name: str) -> None:
+    """The serial fp8 loop's lanes load the next key block's K or V factor from their row of the
+    tile's factors, set once per tile: per key block a multiply-high for the scale block and one
+    64-bit multiply-add, in vector registers. Built from the batch, head and block strides at
+    every key block, the addresses took 20 uniform multiplies (UIMAD) of the ~640-instruction loop."""
+    loop = key_block_loop(_sass(builds[name]))
+    assert len([t for t in loop if re.search(r"\bLDG\b", t)]) == 1, "one factor load per lane and key block"
+    uimad = [t for t in loop if re.match(r"(@!?U?P\w+\s+)?UIMAD\b", t)]
+    assert not uimad, uimad
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildResult], name: str) -> None:
     sass = _sass(builds[name])

@@ -282,38 +282,12 @@ def test_row_sums_mma_defaults_render_and_refusals(head_dim):
     assert ('"row_sums_mma":false' in off.canonical_json()) == (head_dim <= 128)
     bf16 = KernelSpec(head_dim=head_dim, row_sums_mma=True, pin_pv_wait=0)
     assert '"row_sums_mma":true' in bf16.canonical_json() and "_rsm" in bf16.name
-    with pytest.raises(ValidationError, match="row_sums_mma needs an e4m3 kernel without lazy_rescale or without intra"):
-        KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=True, intra_wg_overlap=True, row_sums_mma=True)
-    # The serial loop's lazy softmax weighs each block's P·1 by the block's V ratio before the next update.
-    lazy = KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=True, intra_wg_overlap=False, pingpong=False,
-                      row_sums_mma=True)
-    code = render(lazy)
-    assert "Fp8LazySoftmax<kRows," in code and "/*kThreadSums=*/false> softmax(" in code
-    assert code.count(".add_row_sums(sum_rows);") == 1 and "softmax.rescale_row_sums(rescale)" not in code
-    assert "row_sum[r] = fmaf(sums(r, 0), sum_factor, row_sum[r]);" in code
+    with pytest.raises(ValidationError, match="row_sums_mma needs an e4m3 kernel without lazy_rescale"):
+        KernelSpec(head_dim=head_dim, dtype="e4m3", lazy_rescale=True, row_sums_mma=True)
     with pytest.raises(ValidationError, match="row_sums_mma needs pin_pv_wait=0"):
         KernelSpec(head_dim=head_dim, pin_pv_wait=2, row_sums_mma=True)
     with pytest.raises(ValidationError, match="row_sums_mma applies to forward kernels"):
         KernelSpec(kind="bwd", head_dim=head_dim, row_sums_mma=True)
-
-
-def test_poly_exp2_every_renders_and_validates():
-    """poly_exp2_every: off by default and then left out of the canonical JSON (no kernel's key
-    moves); n > 0 names the kernel _pe{n} and hands the softmax (plain, or fp8's lazy one) every
-    n-th column's exp2 on the FMA pipe, degree 2 for e4m3 and 3 for 16-bit; forward only, 0-64."""
-    plain = KernelSpec(head_dim=128)
-    assert plain.poly_exp2_every == 0 and "poly_exp2_every" not in plain.canonical_json()
-    assert "kPolyExp2Every=*/" not in render(plain)
-    for fields, degree in (({}, 3), ({"dtype": "e4m3"}, 2), ({"dtype": "e4m3", "lazy_rescale": True}, 2)):
-        spec = KernelSpec(head_dim=128, poly_exp2_every=8, **fields)
-        assert spec.name.endswith("_pe8") and '"poly_exp2_every":8' in spec.canonical_json()
-        assert KernelSpec.from_json(spec.canonical_json()) == spec
-        threads = "false" if spec.row_sums_mma else "true"
-        assert f"/*kThreadSums=*/{threads}, /*kPolyExp2Every=*/8, /*kPolyExp2Degree=*/{degree}> softmax(" in render(spec)
-    with pytest.raises(ValidationError, match="poly_exp2_every apply to forward kernels only"):
-        KernelSpec(kind="bwd", head_dim=128, poly_exp2_every=4)
-    with pytest.raises(ValidationError, match="less than or equal to 64"):
-        KernelSpec(head_dim=128, poly_exp2_every=65)
 
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)

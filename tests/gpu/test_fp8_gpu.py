@@ -55,17 +55,7 @@ SPECS += INTER_TILE_SPECS
 # it, P biased by each block's ratio to it.
 LAZY_SPECS = [fa3gen.KernelSpec(head_dim=d, dtype="e4m3", causal=c, lazy_rescale=True)
               for d in (128, 256) for c in (False, True)]
-# ... and in the serial loop on 192 x 128 tiles, its row sums on the tensor cores (each block's
-# P·1 weighed back by the block's V ratio).
-LAZY_SPECS += [fa3gen.KernelSpec(head_dim=128, dtype="e4m3", causal=c, block_m=192, block_n=128, lazy_rescale=True)
-               for c in (False, True)]
 SPECS += LAZY_SPECS
-# Part of the softmax's exp2 as a polynomial on the FMA pipe: all of them (the polynomial alone
-# decides P), and every 8th in the overlapped loop of hdim 64.
-POLY_EXP2_SPECS = [fa3gen.KernelSpec(head_dim=128, dtype="e4m3", block_m=192, block_n=128, lazy_rescale=True,
-                                     poly_exp2_every=1),
-                   fa3gen.KernelSpec(head_dim=64, dtype="e4m3", causal=True, poly_exp2_every=8)]
-SPECS += POLY_EXP2_SPECS
 # V block scales that are not powers of two: the eager kernels where the default is lazy.
 EAGER_FALLBACK_SPECS = [fa3gen.registry.default_fp8_spec(256, 256, "bf16", c, power_of_two_v_scales=False)
                         for c in (False, True)]
@@ -193,19 +183,6 @@ def test_fp8_row_sums_on_the_tensor_cores(spec):
         rel_tensor_cores = check(inputs, False, kernel=default)
         rel_threads = check(inputs, False, kernel=threads)
         assert rel_tensor_cores <= 1.05 * rel_threads
-
-
-@pytest.mark.parametrize("spec", POLY_EXP2_SPECS, ids=lambda s: s.name)
-def test_fp8_exp2_polynomial(spec):
-    """exp2 on the FMA pipe (degree 2, relative error 2.1e-3, against e4m3's 6% steps of P): O
-    within 10% of the error of the same kernel on the MUFU, every score's exp2 or a share of them;
-    masked scores (-inf) give zero."""
-    poly = fa3gen.compile(spec)
-    mufu = fa3gen.compile(with_default(spec, "poly_exp2_every"))
-    for i, (b, sq, sk, hq, hkv) in enumerate([(2, 1000, 1000, 4, 2), (1, 300, 2049, 4, 4), (1, 4096, 4096, 2, 1)]):
-        q, k, v = (ramped(b, s, h, spec.head_dim, 90 + 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
-        inputs = fp8.prepare(q, k, v, "block", hadamard=True, seed=i)
-        assert check(inputs, spec.causal, kernel=poly) <= 1.1 * check(inputs, spec.causal, kernel=mufu)
 
 
 def with_default(spec, field):

@@ -72,10 +72,6 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, causal=True, q_buffers=1, narrow_edge_block=True),
     fa3gen.KernelSpec(head_dim=256, causal=True, narrow_edge_block=True),
     fa3gen.KernelSpec(head_dim=128, causal=True, dtype="fp16", narrow_edge_block=True),
-    # exp2 as a degree-3 polynomial on the FMA pipe: every score's (pingpong, lazy rescale), every
-    # 4th (hdim 64 causal, fp16).
-    fa3gen.KernelSpec(head_dim=128, poly_exp2_every=1),
-    fa3gen.KernelSpec(head_dim=64, causal=True, dtype="fp16", poly_exp2_every=4),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 # The last shapes have ~8 and ~16 tiles per CTA: Q buffers wrap around, and tiles chain into each

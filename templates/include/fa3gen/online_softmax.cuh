@@ -18,33 +18,6 @@ __device__ __forceinline__ float quad_allreduce_sum(float x) {
   return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
-// 2^x on the FMA pipe, for a share of the softmax's exp2 beside the MUFU's (16 a cycle per SM
-// against the FMA's 128): floor(x) from a round-down add of 1.5 * 2^23 (it lands in the low
-// mantissa bits), 2^frac as a polynomial of degree kDegree with p(0) = 1 (powers of two stay
-// exact, as the row max's probability must), floor(x) added to its exponent bits. Relative error
-// 2.1e-3 (degree 2: e4m3 P keeps 3 bits) or 8.6e-5 (3). x at or below -127 (-inf) gives 0.
-template <int kDegree>
-__device__ __forceinline__ float exp2_fma(float x) {
-  static_assert(kDegree == 2 || kDegree == 3);
-  constexpr float kShifter = 12582912.f;  // 1.5 * 2^23
-  x = fmaxf(x, -127.f);
-  float const shifted = __fadd_rd(x, kShifter);
-  float const frac = x - (shifted - kShifter);  // in [0, 1), exact
-  // Minimax coefficients of the relative error on [0, 1) with p(0) = 1.
-  float const poly = kDegree == 2 ? fmaf(fmaf(0.32992737f, frac, 0.66596377f), frac, 1.f)
-                                  : fmaf(fmaf(fmaf(0.07706664f, frac, 0.22764543f), frac, 0.69511669f), frac, 1.f);
-  // shifted's bits are 0x4B400000 + floor(x): shifted left by 23, only floor(x) << 23 remains.
-  return __int_as_float(__float_as_int(poly) + (__float_as_int(shifted) << 23));
-}
-
-// exp2 of a row's column c: every kPolyEvery-th column's on the FMA pipe (0: none), the rest on
-// the MUFU. c is a constant after unrolling, so the choice costs nothing.
-template <int kPolyEvery, int kPolyDegree>
-__device__ __forceinline__ float exp2_of_column(float x, int c) {
-  if (kPolyEvery > 0 && c % kPolyEvery == kPolyEvery - 1) { return exp2_fma<kPolyDegree>(x); }
-  return exp2f(x);
-}
-
 // kProbLog2Scale: probabilities come out as 2^kProbLog2Scale * exp(...), up to 256 for 8, so that
 // an fp8 P keeps the small ones in its normal range; the row sums carry the same factor, so O's
 // normalization cancels it, and the LSE takes it out.
@@ -59,9 +32,7 @@ __device__ __forceinline__ float exp2_of_column(float x, int c) {
 // kThreadSums false (row sums on the tensor cores): the kernel sums each block's P rows as P·1
 // beside P·V and adds them in (add_row_sums); update leaves row_sum alone, saving an FADD a score,
 // and row_sum holds whole rows' sums, rescaled with O (rescale_row_sums).
-// kPolyExp2Every, kPolyExp2Degree: exp2_of_column's.
-template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1, int kChains = 1, bool kThreadSums = true,
-          int kPolyExp2Every = 0, int kPolyExp2Degree = 3>
+template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1, int kChains = 1, bool kThreadSums = true>
 struct OnlineSoftmax {
   float row_max[kRows];  // running max of raw scores; -inf until a row sees a visible key
   float row_sum[kRows];  // this thread's partial sum of exp(scale * (s - row_max)) (without kThreadSums: the row's)
@@ -110,7 +81,7 @@ struct OnlineSoftmax {
       for (int i = 0; i < kChains; ++i) { sum[i] = 0.f; }
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2_of_column<kPolyExp2Every, kPolyExp2Degree>(fmaf(s(r, c), scale_log2 * block_scale, -offset), c);
+        s(r, c) = exp2f(fmaf(s(r, c), scale_log2 * block_scale, -offset));
         if constexpr (kThreadSums) { sum[c % kChains] += s(r, c); }
       }
       if constexpr (kThreadSums) {
