@@ -127,24 +127,33 @@ REGISTRY.update({
     for causal in (False, True)
 })
 
-# FP8 forward tiles by query length, as SEQLEN_TILES (fields over the e4m3 defaults, FP8_TILES).
-# hdim 128 not causal past 1k: 192 x 128 tiles, three consumer warpgroups without intra-warpgroup
-# overlap or pingpong (each warpgroup's own Q factor lets 128-row Q scale blocks span the tile).
-# hdim 64: the same tiles at every length (threshold 0), causal or not, with intra-warpgroup overlap
-# and chained tiles (its default there): with the row sums on the tensor cores they beat the 128 x
-# 192 pingpong kernel, which stays for K/V scale blocks that 128 keys do not divide (H200,
-# 2026-12-04, one process, `scripts/bench_fp8.py --spec`, TFLOP/s, the pingpong kernel on
-# `prepare`'s blocks -> 192 x 128 on blocks of its tile, with / without overlap): s512 323.6 ->
-# 392.4 (without), s1k 387.1 -> 446.7 (without), s2k 423.1 -> 466.3 / 526.1, s4k 458.0 -> 509.7 /
-# 542.1, s16k 505.8 -> 592.4 / 591.6; causal s2k 352.5 -> 368.9 (with), s4k 410.5 -> 430.9, s16k
-# 464.8 -> 531.0. On K/V blocks of one key block the overlap loop loses (its factor loads), on
-# `prepare`'s 384-key blocks it wins (same process, without -> with overlap): s512 395.1 -> 421.3,
-# s1k 452.9 -> 447.0, s2k 528.1 -> 539.8, s4k 548.0 -> 557.3, s16k 586.8 -> 610.7; causal 227.3
-# -> 228.7, 300.9 -> 310.9, 412.0 -> 430.9, 475.0 -> 493.5, 546.3 -> 564.2.
+# FP8 forward tiles by query length, as SEQLEN_TILES (fields over the e4m3 defaults, FP8_TILES):
+# 192 x 128 tiles on three consumer warpgroups (each warpgroup's own Q factor lets 128-row Q scale
+# blocks span a tile) wherever they measured faster than the 128 x 192 pingpong kernel, which stays
+# for K/V scale blocks that 128 keys do not divide, for hdim 128 causal past 4k queries and for
+# hdim 256. The loop by length (H200, 2026-12-04, one process, `scripts/bench_fp8.py --spec ...
+# --candidate-blocks prepare`: each candidate interleaved with the previous default on the same
+# prepared inputs, TFLOP/s, previous -> new; two processes where two figures):
+# - hdim 128 not causal, the serial loop at every length (was: past 1k): s512 532.9 -> 618.7,
+#   s1k 621.3 -> 725.1 (the row sums on the tensor cores and the per-tile factor rows made it
+#   the faster one there too).
+# - hdim 128 causal up to 4k, the serial loop with per-warpgroup key trimming: s512 327.0 ->
+#   386.3, s1k 474.5 -> 517.2 / 470.7 -> 504.7, s2k 622.1 -> 668.4 / 620.2 -> 656.9, s4k 725.9 ->
+#   735.5; s8k 774.6 -> 778.3 (a tie), s16k 825.8 -> 802.7 (the pingpong kernel stays).
+# - hdim 64 not causal from 1k, the serial loop (in place of the intra-warpgroup overlap with
+#   chained tiles): s1k 433.1 -> 453.7 / 437.6 -> 458.3, s2k 529.9 -> 542.3, s4k 549.1 -> 563.3,
+#   s8k 593.3 -> 601.6, s16k 603.0 -> 611.8; s512 410.1 -> 398.8 (the overlap kernel stays).
+# - hdim 64 causal up to 2k, per-warpgroup key trimming on the overlap kernel: s512 228.2 ->
+#   244.8, s1k 309.0 -> 330.1, s2k 430.8 -> 438.9; s8k 536.7 -> 528.5 (untrimmed past 2k). The
+#   serial loop with trimming tied up to 1k (248.9, 329.6) and lost from 2k (427.9, 512.5).
+# (Earlier: the 192 x 128 overlap kernel took hdim 64 from the pingpong kernel at every length,
+# s512 323.6 -> 392.4, s16k 505.8 -> 592.4, causal s16k 464.8 -> 531.0.)
+_FP8_TILES_192 = {"block_m": 192, "block_n": 128}
 FP8_SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
-    (64, False): (0, {}, {"block_m": 192, "block_n": 128}),
-    (64, True): (0, {}, {"block_m": 192, "block_n": 128}),
-    (128, False): (1024, {}, {"block_m": 192, "block_n": 128}),
+    (64, False): (512, _FP8_TILES_192, {**_FP8_TILES_192, "intra_wg_overlap": False}),
+    (64, True): (2048, {**_FP8_TILES_192, "warpgroup_key_trim": True}, _FP8_TILES_192),
+    (128, False): (0, {}, _FP8_TILES_192),
+    (128, True): (4096, {**_FP8_TILES_192, "warpgroup_key_trim": True}, {}),
 }
 
 REGISTRY.update(_bucket_specs(FP8_SEQLEN_TILES, ("e4m3",)))

@@ -13,8 +13,8 @@ Usage: python scripts/bench_fp8.py [--hdim 64,128,256] [--seqlens 4096,16384] [-
                                   [--spec JSON ...]  # and these e4m3 specs, each on its head dim
                                   [--candidate-blocks tile|prepare]  # the candidates' scale blocks
 The default runs on `prepare`'s default blocks (every registry kernel's tiles divide them; at
-hdim 128 past 1k queries not causal that picks fwd_d128_e4m3_long, at hdim 64 fwd_d64_e4m3_long
-or its causal twin), candidates on inputs with one scale per tile of their own tiles, or with
+hdim 64 and 128 that picks the 192 x 128 kernels of registry.FP8_SEQLEN_TILES by query length),
+candidates on inputs with one scale per tile of their own tiles, or with
 --candidate-blocks prepare on the default's inputs where their tiles divide its blocks (the
 overlap loops run slower on K/V blocks of one key block: the two effects apart); each prints its
 output's difference from the bf16 kernel's.

@@ -228,7 +228,8 @@ def test_canonical_json_round_trip(fields):
 # ---- registry --------------------------------------------------------------------------------
 
 FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")] + [
-    "fwd_d64_e4m3_long", "fwd_d64_e4m3_causal_long", "fwd_d128_e4m3_long"]
+    "fwd_d64_e4m3_short", "fwd_d64_e4m3_long", "fwd_d64_e4m3_causal_short", "fwd_d64_e4m3_causal_long",
+    "fwd_d128_e4m3_long", "fwd_d128_e4m3_causal_short"]
 
 
 @pytest.mark.parametrize("name", FP8_REGISTRY_NAMES)
@@ -784,41 +785,45 @@ def test_checked_kernel_matches_the_v_layout(monkeypatch):
         fp8_ops._checked_kernel(natural, "bf16", False, False, plain)
 
 
-def test_fp8_hdim_64_takes_three_warpgroup_tiles_at_every_length() -> None:
-    """hdim 64 takes 192 x 128 tiles on three consumer warpgroups (intra-warpgroup overlap, chained
-    tiles) at every query length, causal or not, with the row sums on the tensor cores; the
-    registry's 128 x 192 pingpong kernel takes K/V scale blocks that 128 keys do not divide."""
-    for causal in (False, True):
-        name = "fwd_d64_e4m3" + ("_causal" if causal else "")
-        for seqlen_q in (1, 512, 1024, 16384):
-            long = fa3gen.registry.default_fp8_spec(64, 64, "bf16", causal, seqlen_q=seqlen_q)
-            assert long is fa3gen.registry.REGISTRY[name + "_long"]
-        assert (long.block_m, long.block_n, long.num_consumer_warpgroups) == (192, 128, 3)
-        assert long.intra_wg_overlap and long.inter_tile_overlap and not long.pingpong and long.row_sums_mma
-        assert fa3gen.registry.REGISTRY[name].pingpong
-        q, k, v = (torch.randn(1, 300, 2, 64) for _ in range(3))
-        assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=causal, window=False) == "long"
+@pytest.mark.parametrize("head_dim, causal, threshold, short, long", [
+    (64, False, 512, dict(intra_wg_overlap=True), dict(intra_wg_overlap=False)),
+    (64, True, 2048, dict(intra_wg_overlap=True, warpgroup_key_trim=True), dict(intra_wg_overlap=True)),
+    (128, False, 0, None, dict(intra_wg_overlap=False)),
+    (128, True, 4096, dict(intra_wg_overlap=False, warpgroup_key_trim=True), None),
+])
+def test_fp8_query_lengths_take_three_warpgroup_tiles(head_dim, causal, threshold, short, long) -> None:
+    """hdim 64 and 128 take 192 x 128 tiles on three consumer warpgroups (no pingpong, row sums on
+    the tensor cores) by query length (registry.FP8_SEQLEN_TILES): hdim 64 with intra-warpgroup
+    overlap up to 512 queries and the serial loop past them, causal with per-warpgroup key trimming
+    up to 2k and without past it; hdim 128 the serial loop at every length, causal with trimming up
+    to 4k and the 128 x 192 pingpong kernel past it. The pingpong kernel also takes K/V scale
+    blocks that 128 keys do not divide."""
+    name = f"fwd_d{head_dim}_e4m3" + ("_causal" if causal else "")
+    default = fa3gen.registry.REGISTRY[name]
+    assert default.pingpong and (default.block_m, default.block_n) == (128, 192)
+    for seqlen_q in sorted({1, max(threshold, 1), threshold + 1, 16384}):
+        bucket, fields = ("short", short) if seqlen_q <= threshold else ("long", long)
+        spec = fa3gen.registry.default_fp8_spec(head_dim, head_dim, "bf16", causal, seqlen_q=seqlen_q)
+        if fields is None:
+            assert spec is default, (seqlen_q, spec.name)
+            continue
+        assert spec is fa3gen.registry.REGISTRY[f"{name}_{bucket}"], (seqlen_q, spec.name)
+        assert (spec.block_m, spec.block_n, spec.num_consumer_warpgroups) == (192, 128, 3)
+        assert not spec.pingpong and spec.row_sums_mma
+        assert all(getattr(spec, k) == v for k, v in fields.items()), (seqlen_q, spec.name)
+        q, k, v = (torch.randn(1, seqlen_q, 2, head_dim) for _ in range(3))
+        assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=causal, window=False) == bucket
         assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 192)), causal, False) is None
-    assert fa3gen.registry.default_fp8_spec(64, 64, "bf16", False, seqlen_q=4096, window=True).block_m == 128
-    assert fp8.default_block_rows(64) == (128, 384)  # K/V blocks that 192- and 128-key blocks divide
-
-
-def test_fp8_long_queries_not_causal_at_hdim_128_take_three_warpgroup_tiles() -> None:
-    long = fa3gen.registry.default_fp8_spec(128, 128, "bf16", False, seqlen_q=1025)
-    assert long is fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"]
-    assert (long.block_m, long.block_n, long.num_consumer_warpgroups) == (192, 128, 3)
-    assert fa3gen.registry.default_fp8_spec(128, 128, "bf16", False, seqlen_q=1024) is \
-        fa3gen.registry.REGISTRY["fwd_d128_e4m3"]
-    for other in ({"causal": True}, {"causal": False, "window": True}):
-        assert fa3gen.registry.default_fp8_spec(128, 128, "bf16", seqlen_q=4096, **other).block_m == 128
+    assert fa3gen.registry.default_fp8_spec(head_dim, head_dim, "bf16", causal, seqlen_q=4096, window=True).block_m == 128
+    assert fp8.default_block_rows(head_dim) == (128, 384)  # K/V blocks that 192- and 128-key blocks divide
 
 
 def test_fp8_dispatch_takes_the_long_tiles_only_on_scale_blocks_they_fit() -> None:
     q, k, v = (torch.randn(1, 1100, 2, 128) for _ in range(3))
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=False, window=False) == "long"
-    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=True, window=False) is None
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=True, window=False) == "short"
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=False, window=True) is None
-    assert fp8_ops._seqlen_bucket(fp8.prepare(q[:, :1024], k, v), causal=False, window=False) is None
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q[:, :1024], k, v), causal=False, window=False) == "long"
     # 192-key scale blocks split the long kernel's 128-key blocks: the default kernel takes them
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 192)), False, False) is None
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, "head"), False, False) == "long"
