@@ -786,18 +786,19 @@ def test_checked_kernel_matches_the_v_layout(monkeypatch):
 
 
 @pytest.mark.parametrize("head_dim, causal, threshold, short, long", [
-    (64, False, 512, dict(intra_wg_overlap=True), dict(intra_wg_overlap=False)),
-    (64, True, 2048, dict(intra_wg_overlap=True, warpgroup_key_trim=True, stages=3), dict(intra_wg_overlap=True)),
+    (64, False, 512, dict(intra_wg_overlap=True, inter_tile_overlap=True), dict(intra_wg_overlap=False)),
+    (64, True, 2048, dict(intra_wg_overlap=True, inter_tile_overlap=True, warpgroup_key_trim=True, stages=3),
+     dict(intra_wg_overlap=True, inter_tile_overlap=True)),
     (128, False, 0, None, dict(intra_wg_overlap=False)),
     (128, True, 4096, dict(intra_wg_overlap=False, warpgroup_key_trim=True), None),
 ])
 def test_fp8_query_lengths_take_three_warpgroup_tiles(head_dim, causal, threshold, short, long) -> None:
     """hdim 64 and 128 take 192 x 128 tiles on three consumer warpgroups (no pingpong, row sums on
     the tensor cores) by query length (registry.FP8_SEQLEN_TILES): hdim 64 with intra-warpgroup
-    overlap up to 512 queries and the serial loop past them, causal with per-warpgroup key trimming
-    up to 2k (three K/V stages) and without past it; hdim 128 the serial loop at every length, causal with trimming up
-    to 4k and the 128 x 192 pingpong kernel past it. The pingpong kernel also takes K/V scale
-    blocks that 128 keys do not divide."""
+    overlap (and chained tiles) up to 512 queries and the serial loop past them, causal overlapped
+    with per-warpgroup key trimming and three K/V stages up to 2k and untrimmed past it; hdim 128
+    the serial loop at every length, causal with trimming up to 4k and the 128 x 192 pingpong
+    kernel past it. The pingpong kernel also takes K/V scale blocks that 128 keys do not divide."""
     name = f"fwd_d{head_dim}_e4m3" + ("_causal" if causal else "")
     default = fa3gen.registry.REGISTRY[name]
     assert default.pingpong and (default.block_m, default.block_n) == (128, 192)
