@@ -1219,6 +1219,21 @@ class KernelSpec(BaseModel):
         return self.dtype == "e4m3"
 
     @property
+    def loads_q_a_tile_ahead(self) -> bool:
+        """The producer issues the next tile's Q right after this tile's first key block (not at
+        the next tile's start): forward kernels with two Q buffers and Q in registers, whose
+        buffer the previous tile's first Q·Kᵀ freed, on the static schedule. ncu's stall samples
+        (H200, bf16 hdim 128 s512) had the consumers waiting for Q at 2.6% of all samples when it
+        went out two key blocks ahead; a tile ahead (compare_templates.py, one process each,
+        TFLOP/s): bf16 s512 476.2 -> 499.9 and 480.8 -> 504.7, s1k 554.8 -> 564.2 and 557.4 ->
+        567.5, s2k 602.1 -> 606.8; fp16 s512 453.4 -> 473.6, s1k 531.3 -> 542.5; the ±1k window
+        +0.7%. Where Q stays in shared memory its buffer frees only at the previous tile's end and
+        the producer stalls the K/V loads behind it (hdim 64 causal, three stages: s512 266.4 ->
+        242.8); with the lpt scheduler the next tile's claim is not back by then (e4m3 hdim 128
+        causal s16k 831.6 -> 780.7, the causal 1k window -1 to -2%)."""
+        return self.kind == "fwd" and self.q_buffers == 2 and bool(self.q_registers) and self.scheduler == "static"
+
+    @property
     def stores_o_with_tma(self) -> bool:
         """O leaves through shared memory and a TMA store (its own buffer, or V's)."""
         return self.epilogue in ("tma", "tma_v")

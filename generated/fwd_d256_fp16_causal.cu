@@ -321,24 +321,43 @@ __device__ __forceinline__ void store_staged_o(KernelParams const& p, SharedStor
   ++o_handoff.state;
 }
 
-// Loads one tile: Q into its buffer, then the key/value blocks it visits, last to first.
+// Tile t's Q as the TMA source and its buffers as the destination.
+__device__ __forceinline__ auto q_tma_partition(KernelParams const& p, SharedStorage& smem, TileCoord const& t) {
+  Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDim>{}, p.nheads_q, p.batch));
+  Tensor gQ = local_tile(mQ(_, _, t.head, t.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+  return tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+}
+
+// Tile t's K and V blocks as TMA sources (indexed by key block) and their stages as destinations.
+__device__ __forceinline__ auto kv_tma_partitions(KernelParams const& p, SharedStorage& smem, TileCoord const& t) {
+  Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDim>{}, p.nheads_kv, p.batch));
+  Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDimV>{}, p.nheads_kv, p.batch));
+  Tensor gK = local_tile(mK(_, _, t.head_kv, t.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+  Tensor gV = local_tile(mV(_, _, t.head_kv, t.batch), TileV{}, make_coord(_, _0{}));
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
+  auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  return cute::make_tuple(tKgK, tKsK, tVgV, tVsV);
+}
+
+// Loads tile t's Q into the next Q buffer, once the consumers have released it.
+__device__ __forceinline__ void load_q(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline_q, TileCoord const& t,
+                                       PipelineQState& write_q) {
+  auto [tQgQ, tQsQ] = q_tma_partition(p, smem, t);
+  pipeline_q.producer_acquire(write_q);
+  copy(p.tma_q.with(*pipeline_q.producer_get_barrier(write_q)), tQgQ, tQsQ(_, write_q.index()));
+  ++write_q;
+}
+
+// Loads one tile's key/value blocks, last to first, and its Q.
 __device__ __forceinline__ void load_tile(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline_q,
                                           PipelineKV& pipeline_k, PipelineKV& pipeline_v, TileCoord const& t,
                                           KeyBlockRange const& blocks, PipelineQState& write_q, PipelineState& write,
-                                          OHandoff& o_handoff, TileScheduler const& scheduler, int staged) {
-  Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDim>{}, p.nheads_q, p.batch));
-  Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDim>{}, p.nheads_kv, p.batch));
-  Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDimV>{}, p.nheads_kv, p.batch));
-  Tensor gQ = local_tile(mQ(_, _, t.head, t.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
-  Tensor gK = local_tile(mK(_, _, t.head_kv, t.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-  Tensor gV = local_tile(mV(_, _, t.head_kv, t.batch), TileV{}, make_coord(_, _0{}));
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
-
-  auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-  auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+                                          TileScheduler const& scheduler,
+                                          OHandoff& o_handoff, int staged) {
+  auto [tKgK, tKsK, tVgV, tVsV] = kv_tma_partitions(p, smem, t);
 
   // The first key block goes out before Q waits for its buffer: the K/V stages are free while the
   // consumers still finish the previous tile, so the next tile's loads overlap its epilogue.
@@ -346,9 +365,7 @@ __device__ __forceinline__ void load_tile(KernelParams const& p, SharedStorage& 
   pipeline_k.producer_acquire(write);
   copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_block), tKsK(_, write.index()));
   // Q's buffer is free once the consumers have finished this CTA's previous Q·Kᵀ.
-  pipeline_q.producer_acquire(write_q);
-  copy(p.tma_q.with(*pipeline_q.producer_get_barrier(write_q)), tQgQ, tQsQ(_, write_q.index()));
-  ++write_q;
+  load_q(p, smem, pipeline_q, t, write_q);
   // K runs one key block ahead of V (the order the consumers read them in): the second K load goes
   // out before the store of the previous tile's O, which this tile's first V load must wait for,
   // as it lands where that O is staged. The two states meet again after the last V.
@@ -390,7 +407,7 @@ __device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& sm
     TileCoord const t = scheduler.coord(p, tile);
     KeyBlockRange const blocks = key_block_range(p, t.m_block);
     if (!blocks.empty()) {  // else nothing visible: the consumers write zeros without loads
-      load_tile(p, smem, pipeline_q, pipeline_k, pipeline_v, t, blocks, write_q, write, o_handoff, scheduler, staged);
+      load_tile(p, smem, pipeline_q, pipeline_k, pipeline_v, t, blocks, write_q, write, scheduler, o_handoff, staged);
     }
     // A tile without keys has no V load to store the previous O before: store it here.
     if (blocks.empty() && staged >= 0) { store_staged_o(p, smem, o_handoff, scheduler.coord(p, staged)); }

@@ -5,17 +5,20 @@ a shared header or partial has no switch. Copy templates/ aside before the chang
 copy as --old: every spec is compiled from both trees (the cache keys differ by the sources) and
 the two kernels run interleaved on the same inputs (FA3 setup: 16k tokens, hidden 2048), outputs
 compared. e4m3 specs run on fa3gen.fp8.prepare'd inputs (--granularity of their scales; with
-"block", --block-rows: scale blocks of one tile, prepare's default, or Q:KV rows).
+"block", --block-rows: scale blocks of one tile, prepare's default, or Q:KV rows). --variant JSON
+gives the built-in variants' values for specs that compile them in, as in compare_specs.py
+(window_size, softcap, "alibi": true); TFLOP/s then count the full or causal problem's FLOPs.
 
 Usage: cp -r templates /tmp/templates_old; (edit templates/); then on the GPU machine
        python scripts/compare_templates.py --old /tmp/templates_old [--new TREE] [--seqlens 4096,16384]
-              [--granularity block,head] [--block-rows tile,prepare,128:128]
+              [--granularity block,head] [--block-rows tile,prepare,128:128] [--variant JSON]
               SPEC [SPEC ...]     # registry names or spec JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -26,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fa3gen  # noqa: E402
 from fa3gen import fp8, fp8_ops, registry  # noqa: E402
 from fa3gen.bench import attn_fwd_flops, bench_cases, time_cuda_ms_interleaved  # noqa: E402
+
+from compare_specs import _variant_kwargs  # noqa: E402  (scripts/ is on the path: this script's directory)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.bfloat16}  # e4m3: prepared from bf16
 
@@ -41,11 +46,11 @@ def compile_from(templates: Path | None, spec: fa3gen.KernelSpec):
         del os.environ["FA3GEN_TEMPLATES_DIR"]
 
 
-def call_of(spec: fa3gen.KernelSpec, kernel, inputs):
-    """One launch of kernel on inputs: (q, k, v), or Fp8Inputs for an e4m3 spec."""
+def call_of(spec: fa3gen.KernelSpec, kernel, inputs, variant: dict):
+    """One launch of kernel on inputs: (q, k, v) with the variant's keywords, or Fp8Inputs for an e4m3 spec."""
     if spec.is_fp8:
         return lambda: fp8_ops.flash_attn_fp8_func(inputs, None, spec.causal, kernel=kernel)
-    return lambda: kernel(*inputs)
+    return lambda: kernel(*inputs, **variant)
 
 
 def scalings(spec: fa3gen.KernelSpec, granularities: str, block_rows: str) -> list[tuple[str, tuple[int, int] | None]]:
@@ -73,6 +78,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--granularity", default="block", help="e4m3 scales, comma-separated: tensor, head, block")
     ap.add_argument("--block-rows", default="tile",
                     help="block scales' rows, comma-separated: tile (one tile of the spec), prepare (its default), Q:KV")
+    ap.add_argument("--variant", type=json.loads, default=None, help="built-in variants' values, e.g. "
+                    "'{\"window_size\": [1024, 0]}' (see compare_specs.py)")
     ap.add_argument("specs", nargs="+")
     args = ap.parse_args(argv)
     print("| spec | seqlen | scales | old TFLOP/s | new TFLOP/s | new/old | rel diff |")
@@ -87,7 +94,8 @@ def main(argv: list[str]) -> int:
             for granularity, rows in scalings(spec, args.granularity, args.block_rows):
                 # Both kernels on the same inputs (fp8: quantized once).
                 inputs = fp8.prepare(q, k, v, granularity, rows, hadamard=True) if spec.is_fp8 else (q, k, v)
-                fns = {name: call_of(spec, kern, inputs) for name, kern in (("old", old), ("new", new))}
+                variant = _variant_kwargs(args.variant, h) if args.variant else {}
+                fns = {name: call_of(spec, kern, inputs, variant) for name, kern in (("old", old), ("new", new))}
                 out_old, out_new = (fns[name]().float() for name in ("old", "new"))
                 diff = float((out_old - out_new).norm() / out_old.norm())
                 ms = time_cuda_ms_interleaved(fns, 5, 20, 20.0)
