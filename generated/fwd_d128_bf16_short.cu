@@ -221,45 +221,28 @@ __device__ __forceinline__ void mask_scores(KernelParams const& p, TensorS& s, T
 
 // ---- producer: one thread issues TMA loads; per tile Q once, then K and V through the stage pipelines ----
 
-// Tile t's Q as the TMA source and its buffers as the destination.
-__device__ __forceinline__ auto q_tma_partition(KernelParams const& p, SharedStorage& smem, TileCoord const& t) {
-  Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDim>{}, p.nheads_q, p.batch));
-  Tensor gQ = local_tile(mQ(_, _, t.head, t.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
-  return tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-}
-
-// Tile t's K and V blocks as TMA sources (indexed by key block) and their stages as destinations.
-__device__ __forceinline__ auto kv_tma_partitions(KernelParams const& p, SharedStorage& smem, TileCoord const& t) {
-  Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDim>{}, p.nheads_kv, p.batch));
-  Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDimV>{}, p.nheads_kv, p.batch));
-  Tensor gK = local_tile(mK(_, _, t.head_kv, t.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-  Tensor gV = local_tile(mV(_, _, t.head_kv, t.batch), TileV{}, make_coord(_, _0{}));
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
-  auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-  return cute::make_tuple(tKgK, tKsK, tVgV, tVsV);
-}
-
 // Loads tile t's Q into the next Q buffer, once the consumers have released it.
 __device__ __forceinline__ void load_q(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline_q, TileCoord const& t,
                                        PipelineQState& write_q) {
-  auto [tQgQ, tQsQ] = q_tma_partition(p, smem, t);
+  Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDim>{}, p.nheads_q, p.batch));
+  Tensor gQ = local_tile(mQ(_, _, t.head, t.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+  auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
   pipeline_q.producer_acquire(write_q);
   copy(p.tma_q.with(*pipeline_q.producer_get_barrier(write_q)), tQgQ, tQsQ(_, write_q.index()));
   ++write_q;
 }
 
-// The next tile's Q goes out right after this tile's first key block, a whole tile before the
-// consumers need it: its buffer was freed by the previous tile's first Q·Kᵀ (Q in registers).
-// Loaded at the start of its own tile, it came from DRAM barely two key blocks ahead, and at
-// short lengths the consumers waited for it.
-__device__ __forceinline__ void load_next_q(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline_q,
-                                            TileScheduler const& scheduler, int next, PipelineQState& write_q) {
-  if (next >= scheduler.num_tiles) { return; }
-  TileCoord const t = scheduler.coord(p, next);
-  if (key_block_range(p, t.m_block).empty()) { return; }  // the consumers do not wait for the Q of a tile without keys
+// Loads the Q of tile `tile` (an index): none past the last tile or for a tile without keys, whose
+// Q the consumers do not wait for. Each tile's goes out right after the previous tile's first key
+// block, a whole tile before the consumers need it: its buffer was freed by the previous tile's
+// first Q·Kᵀ (Q in registers). Loaded at the start of its own tile, it came from DRAM barely two
+// key blocks ahead, and at short lengths the consumers waited for it.
+__device__ __forceinline__ void load_q_of_tile(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline_q,
+                                               TileScheduler const& scheduler, int tile, PipelineQState& write_q) {
+  if (tile >= scheduler.num_tiles) { return; }
+  TileCoord const t = scheduler.coord(p, tile);
+  if (key_block_range(p, t.m_block).empty()) { return; }
   load_q(p, smem, pipeline_q, t, write_q);
 }
 
@@ -268,16 +251,24 @@ __device__ __forceinline__ void load_tile(KernelParams const& p, SharedStorage& 
                                           PipelineKV& pipeline_k, PipelineKV& pipeline_v, TileCoord const& t,
                                           KeyBlockRange const& blocks, PipelineQState& write_q, PipelineState& write,
                                           TileScheduler const& scheduler, int next) {
-  auto [tKgK, tKsK, tVgV, tVsV] = kv_tma_partitions(p, smem, t);
+  Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDim>{}, p.nheads_kv, p.batch));
+  Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDimV>{}, p.nheads_kv, p.batch));
+  Tensor gK = local_tile(mK(_, _, t.head_kv, t.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+  Tensor gV = local_tile(mV(_, _, t.head_kv, t.batch), TileV{}, make_coord(_, _0{}));
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
 
-  // This tile's Q went out a tile ahead (load_next_q).
+  auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+  // This tile's Q went out a tile ahead (load_q_of_tile).
   int n_block = blocks.end - 1;
   pipeline_k.producer_acquire(write);
   copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_block), tKsK(_, write.index()));
   pipeline_v.producer_acquire(write);
   copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_block), tVsV(_, write.index()));
   ++write;
-  load_next_q(p, smem, pipeline_q, scheduler, next, write_q);
+  load_q_of_tile(p, smem, pipeline_q, scheduler, next, write_q);  // the next tile's
 
   for (--n_block; n_block >= blocks.begin; --n_block) {
     pipeline_k.producer_acquire(write);
@@ -293,19 +284,17 @@ __device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& sm
                                         TileHandoff& handoff) {
   PipelineQState write_q = cutlass::make_producer_start_state<PipelineQ>();
   PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
-  // The first tile's Q; every later tile's goes out a tile ahead of it (load_next_q).
-  if (scheduler.first_tile() < scheduler.num_tiles) {
-    TileCoord const t = scheduler.coord(p, scheduler.first_tile());
-    if (!key_block_range(p, t.m_block).empty()) { load_q(p, smem, pipeline_q, t, write_q); }
-  }
+  // The first tile's Q; every later tile's goes out a tile ahead of it (load_tile).
+  load_q_of_tile(p, smem, pipeline_q, scheduler, scheduler.first_tile(), write_q);
   for (int tile = scheduler.first_tile(); tile < scheduler.num_tiles;) {
     int const next = scheduler.next_tile(p, tile);
     TileCoord const t = scheduler.coord(p, tile);
     KeyBlockRange const blocks = key_block_range(p, t.m_block);
     if (!blocks.empty()) {  // else nothing visible: the consumers write zeros without loads
       load_tile(p, smem, pipeline_q, pipeline_k, pipeline_v, t, blocks, write_q, write, scheduler, next);
+    } else {
+      load_q_of_tile(p, smem, pipeline_q, scheduler, next, write_q);  // no key block to issue the next tile's Q after
     }
-    if (blocks.empty()) { load_next_q(p, smem, pipeline_q, scheduler, next, write_q); }  // no key block to issue it after
     tile = next;
   }
 }

@@ -243,31 +243,13 @@ __device__ __forceinline__ void store_staged_o(KernelParams const& p, SharedStor
   ++o_handoff.state;
 }
 
-// Tile t's Q as the TMA source and its buffers as the destination.
-__device__ __forceinline__ auto q_tma_partition(KernelParams const& p, SharedStorage& smem, TileCoord const& t) {
-  Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDim>{}, p.nheads_q, p.batch));
-  Tensor gQ = local_tile(mQ(_, _, t.head, t.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
-  return tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-}
-
-// Tile t's K and V blocks as TMA sources (indexed by key block) and their stages as destinations.
-__device__ __forceinline__ auto kv_tma_partitions(KernelParams const& p, SharedStorage& smem, TileCoord const& t) {
-  Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDim>{}, p.nheads_kv, p.batch));
-  Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDimV>{}, p.nheads_kv, p.batch));
-  Tensor gK = local_tile(mK(_, _, t.head_kv, t.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-  Tensor gV = local_tile(mV(_, _, t.head_kv, t.batch), TileV{}, make_coord(_, _0{}));
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
-  auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-  return cute::make_tuple(tKgK, tKsK, tVgV, tVsV);
-}
-
 // Loads tile t's Q into the next Q buffer, once the consumers have released it.
 __device__ __forceinline__ void load_q(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline_q, TileCoord const& t,
                                        PipelineQState& write_q) {
-  auto [tQgQ, tQsQ] = q_tma_partition(p, smem, t);
+  Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, Int<kHeadDim>{}, p.nheads_q, p.batch));
+  Tensor gQ = local_tile(mQ(_, _, t.head, t.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(t.m_block, _0{}));
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+  auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
   pipeline_q.producer_acquire(write_q);
   copy(p.tma_q.with(*pipeline_q.producer_get_barrier(write_q)), tQgQ, tQsQ(_, write_q.index()));
   ++write_q;
@@ -279,7 +261,15 @@ __device__ __forceinline__ void load_tile(KernelParams const& p, SharedStorage& 
                                           KeyBlockRange const& blocks, PipelineQState& write_q, PipelineState& write,
                                           TileScheduler const& scheduler,
                                           OHandoff& o_handoff, int staged) {
-  auto [tKgK, tKsK, tVgV, tVsV] = kv_tma_partitions(p, smem, t);
+  Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDim>{}, p.nheads_kv, p.batch));
+  Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, Int<kHeadDimV>{}, p.nheads_kv, p.batch));
+  Tensor gK = local_tile(mK(_, _, t.head_kv, t.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+  Tensor gV = local_tile(mV(_, _, t.head_kv, t.batch), TileV{}, make_coord(_, _0{}));
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
+
+  auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
   // The first key block goes out before Q waits for its buffer: the K/V stages are free while the
   // consumers still finish the previous tile, so the next tile's loads overlap its epilogue.

@@ -39,7 +39,7 @@ from fa3gen.bench import (CALLS_PER_GRAPH, _bwd_fns, _fwd_fns, attn_bwd_flops, a
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _variant_kwargs(variant: dict, h: int) -> dict:
+def variant_kwargs(variant: dict, h: int) -> dict:
     """flash_attn_func / kernel keywords for --variant's values (alibi: per-head slopes)."""
     out = {k: v for k, v in variant.items() if k != "alibi"}
     if "window_size" in out:
@@ -53,7 +53,7 @@ def _fwd_kernel_fns(kernels: list, q, k, v, scale: float, causal: bool, variant:
                     tol: float) -> tuple[dict, int]:
     """The peers' and each forward kernel's {name: fn}, and how many kernels' outputs mismatched."""
     peers, _ = _fwd_fns(q, k, v, scale, causal)
-    kw = _variant_kwargs(variant, q.shape[2]) if variant else {}
+    kw = variant_kwargs(variant, q.shape[2]) if variant else {}
     ref = fa3gen.flash_attn_func(q, k, v, scale, causal, **kw) if variant else peers["cudnn"]().transpose(1, 2)
     fns, failed = {"cudnn": peers["cudnn"], "flash": peers["flash"]}, 0
     for kernel in kernels:
@@ -71,7 +71,7 @@ def _bwd_kernel_fns(kernels: list, q, k, v, scale: float, causal: bool, seed: in
                     tol: float, variant: dict | None) -> tuple[dict, int]:
     """The peers' and each backward kernel's {name: fn} on one dout (the same seed), and how many
     kernels' gradients mismatched cuDNN's (with a variant: the default kernel's with its values)."""
-    values = VariantArgs(**_variant_kwargs(variant, q.shape[2])) if variant else None
+    values = VariantArgs(**variant_kwargs(variant, q.shape[2])) if variant else None
     fns, ref, failed = {}, None, 0
     for kernel in kernels:
         gen = torch.Generator(device="cuda").manual_seed(seed)

@@ -30,7 +30,7 @@ import fa3gen  # noqa: E402
 from fa3gen import fp8, fp8_ops, registry  # noqa: E402
 from fa3gen.bench import attn_fwd_flops, bench_cases, time_cuda_ms_interleaved  # noqa: E402
 
-from compare_specs import _variant_kwargs  # noqa: E402  (scripts/ is on the path: this script's directory)
+from compare_specs import variant_kwargs  # noqa: E402  (scripts/ is on the path: this script's directory)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.bfloat16}  # e4m3: prepared from bf16
 
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
             for granularity, rows in scalings(spec, args.granularity, args.block_rows):
                 # Both kernels on the same inputs (fp8: quantized once).
                 inputs = fp8.prepare(q, k, v, granularity, rows, hadamard=True) if spec.is_fp8 else (q, k, v)
-                variant = _variant_kwargs(args.variant, h) if args.variant else {}
+                variant = variant_kwargs(args.variant, h) if args.variant else {}
                 fns = {name: call_of(spec, kern, inputs, variant) for name, kern in (("old", old), ("new", new))}
                 out_old, out_new = (fns[name]().float() for name in ("old", "new"))
                 diff = float((out_old - out_new).norm() / out_old.norm())

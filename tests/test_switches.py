@@ -122,25 +122,26 @@ def test_q_buffers_two_where_they_fit(head_dim):
 def test_q_loads_a_tile_ahead_with_q_in_registers():
     """With two Q buffers and Q in registers (its buffer freed by the previous tile's first Q·Kᵀ)
     on the static schedule, the producer issues the next tile's Q right after this tile's first
-    K and V loads (load_next_q), and the first tile's Q before the loop; otherwise each tile's Q
+    K and V loads (load_q_of_tile), and the first tile's Q before the loop; otherwise each tile's Q
     goes out at the start of its own tile, as before."""
     ahead = KernelSpec(head_dim=128, q_registers=True)
     assert ahead.loads_q_a_tile_ahead and ahead.q_buffers == 2
     src = render(ahead)
     load_tile = src[src.index("void load_tile("):src.index("void produce(")]
     first_v = load_tile.index("pipeline_v.producer_acquire(write);")
-    assert first_v < load_tile.index("load_next_q(p, smem, pipeline_q, scheduler, next, write_q);") < load_tile.index("for (--n_block;")
+    assert first_v < load_tile.index("load_q_of_tile(p, smem, pipeline_q, scheduler, next, write_q);") < load_tile.index("for (--n_block;")
     assert "// Q first:" not in src and "load_q(p, smem, pipeline_q, t, write_q)" not in load_tile
     produce = src[src.index("void produce("):]
-    assert produce.index("load_q(p, smem, pipeline_q, t, write_q)") < produce.index("for (int tile = scheduler.first_tile();")
-    assert "if (blocks.empty()) { load_next_q(" in produce  # a tile without loads issues it at once
+    first_q = "load_q_of_tile(p, smem, pipeline_q, scheduler, scheduler.first_tile(), write_q);"
+    assert produce.index(first_q) < produce.index("for (int tile = scheduler.first_tile();")
+    assert "} else {\n      load_q_of_tile(p, smem, pipeline_q, scheduler, next, write_q);" in produce  # a tile without loads issues it at once
     for spec in (KernelSpec(head_dim=128), KernelSpec(head_dim=64, causal=True), KernelSpec(head_dim=256, causal=True),
                  KernelSpec(head_dim=128, q_registers=True, scheduler="grid"), KernelSpec(head_dim=128, q_registers=True, scheduler="lpt"),
                  KernelSpec(head_dim=128, causal=True, q_registers=True, q_buffers=1), KernelSpec(head_dim=128, dtype="e4m3", causal=True),
                  KernelSpec(head_dim=128, kind="bwd")):
         assert not spec.loads_q_a_tile_ahead, spec.name
         if spec.kind == "fwd":
-            assert "load_next_q" not in render(spec)
+            assert "load_q_of_tile" not in render(spec)
     assert sorted(n for n, s in registry.REGISTRY.items() if s.loads_q_a_tile_ahead) == [
         "fwd_d128_bf16_short", "fwd_d128_fp16_short"]
 
