@@ -475,7 +475,8 @@ def _inter_tile_overlap_missing(intra_wg_overlap: Any, scheduler: Any, q_buffers
     """What a forward spec lacks for inter_tile_overlap (empty: it may chain tiles)."""
     return [need for need, ok in (("intra_wg_overlap=True", intra_wg_overlap is True),
                                   ("a persistent scheduler ('static' or 'lpt')", scheduler != "grid"),
-                                  ("q_buffers=2 (the next tile's Q loads while this tile runs)", q_buffers == 2),
+                                  ("q_buffers=2 or 3 (the next tile's Q loads while this tile runs)",
+                                   isinstance(q_buffers, int) and q_buffers >= 2),
                                   ("an epilogue other than 'tma_v' (epilogue='tma_v' does not chain tiles: the "
                                    "next tile's first P·V would wait for this tile's store)", epilogue != "tma_v"))
             if not ok]
@@ -626,8 +627,9 @@ class KernelSpec(BaseModel):
     block_n: int | None = None
     stages: int | None = None
     # Q tiles in shared memory: 2 lets the producer load the next tile's Q while this tile still
-    # reads its own, so a short tile does not wait for Q from HBM. None: 2 where it fits beside
-    # K, V and the epilogue's buffer, else 1.
+    # reads its own, so a short tile does not wait for Q from HBM; 3 lets it go out a whole tile
+    # ahead with Q in shared memory (loads_q_a_tile_ahead). None: 2 where it fits beside K, V and
+    # the epilogue's buffer, else 1.
     q_buffers: int | None = None
     num_consumer_warpgroups: int | None = None
     # Consumer warpgroups take turns issuing their GEMMs (named barriers). None: on for fp8 with two
@@ -742,8 +744,8 @@ class KernelSpec(BaseModel):
     @field_validator("q_buffers")
     @classmethod
     def _q_buffers_in_range(cls, v: int | None) -> int | None:
-        if v is not None and v not in (1, 2):
-            raise ValueError(f"q_buffers={v} must be 1 or 2 (Q tiles in shared memory)")
+        if v is not None and v not in (1, 2, 3):
+            raise ValueError(f"q_buffers={v} must be 1, 2 or 3 (Q tiles in shared memory)")
         return v
 
     @field_validator("num_consumer_warpgroups")
@@ -1188,7 +1190,7 @@ class KernelSpec(BaseModel):
         sched += f"_ch{self.row_reduce_chains}" if self.row_reduce_chains != 1 else ""
         sched += "" if self.scheduler == "grid" else f"_{self.scheduler}"
         sched += {"tma": "_otma", "tma_v": "_otmav", "direct": ""}[str(self.epilogue)]
-        sched += "_q2" if self.q_buffers == 2 else ""
+        sched += f"_q{self.q_buffers}" if self.q_buffers != 1 else ""
         sched += "_qr" if self.q_registers else ""
         sched += f"_pin{self.pin_pv_wait}" if self.pin_pv_wait else ""
         sched += "_wgt" if self.warpgroup_key_trim else ""
@@ -1230,8 +1232,13 @@ class KernelSpec(BaseModel):
         +0.7%. Where Q stays in shared memory its buffer frees only at the previous tile's end and
         the producer stalls the K/V loads behind it (hdim 64 causal, three stages: s512 266.4 ->
         242.8); with the lpt scheduler the next tile's claim is not back by then (e4m3 hdim 128
-        causal s16k 831.6 -> 780.7, the causal 1k window -1 to -2%)."""
-        return self.kind == "fwd" and self.q_buffers == 2 and bool(self.q_registers) and self.scheduler == "static"
+        causal s16k 831.6 -> 780.7, the causal 1k window -1 to -2%). With three Q buffers the
+        next tile's was freed by the tile before this one, in shared memory too, and the producer
+        need not wait for it: static and lpt (the claim's latency then shows; not yet timed)."""
+        if self.kind != "fwd":
+            return False
+        return (self.q_buffers == 3 and self.scheduler in ("static", "lpt")) \
+            or (self.q_buffers == 2 and bool(self.q_registers) and self.scheduler == "static")
 
     @property
     def stores_o_with_tma(self) -> bool:

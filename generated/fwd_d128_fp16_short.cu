@@ -235,9 +235,9 @@ __device__ __forceinline__ void load_q(KernelParams const& p, SharedStorage& sme
 
 // Loads the Q of tile `tile` (an index): none past the last tile or for a tile without keys, whose
 // Q the consumers do not wait for. Each tile's goes out right after the previous tile's first key
-// block, a whole tile before the consumers need it: its buffer was freed by the previous tile's
-// first Q·Kᵀ (Q in registers). Loaded at the start of its own tile, it came from DRAM barely two
-// key blocks ahead, and at short lengths the consumers waited for it.
+// block, a whole tile before the consumers need it: its buffer was freed by the previous tile's first Q·Kᵀ (Q in registers).
+// Loaded at the start of its own tile, it came from DRAM barely two key blocks ahead, and at
+// short lengths the consumers waited for it.
 __device__ __forceinline__ void load_q_of_tile(KernelParams const& p, SharedStorage& smem, PipelineQ& pipeline_q,
                                                TileScheduler const& scheduler, int tile, PipelineQState& write_q) {
   if (tile >= scheduler.num_tiles) { return; }

@@ -34,6 +34,9 @@ SPECS = {
     # Three consumer warpgroups at hdim 128 (192 x 128, 160 registers each) without
     # intra-warpgroup overlap: the registry's tiles past 1k queries, not causal.
     "fwd_d128_bf16_long": REGISTRY["fwd_d128_bf16_long"],
+    # Three Q buffers: the next tile's Q a tile ahead with Q in shared memory (hdim 64, three
+    # consumer warpgroups at 160 registers, the producer at 32 beside the next tile's coordinates).
+    "d64_three_q_buffers": KernelSpec(head_dim=64, q_buffers=3),
     # Variants: built-in window + softcap on the causal lpt kernel, and a custom score_mod over tensors.
     "d128_causal_window_softcap": KernelSpec(head_dim=128, causal=True, window=True, softcap=True),
     "d128_custom_relative_bias": KernelSpec(

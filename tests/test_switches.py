@@ -146,9 +146,25 @@ def test_q_loads_a_tile_ahead_with_q_in_registers():
         "fwd_d128_bf16_short", "fwd_d128_fp16_short"]
 
 
-@pytest.mark.parametrize("q_buffers", [0, 3])
+def test_q_loads_a_tile_ahead_with_three_q_buffers():
+    """With three Q buffers, Q may stay in shared memory and still go out a tile ahead: the next
+    tile's buffer was freed by the tile before this one, so the producer does not wait for it."""
+    spec = KernelSpec(head_dim=64, q_buffers=3)
+    assert spec.loads_q_a_tile_ahead and not spec.q_registers and spec.inter_tile_overlap
+    assert spec.smem_bytes == KernelSpec(head_dim=64).smem_bytes + spec.block_m * 64 * 2
+    assert "_q3" in spec.name
+    src = render(spec)
+    assert "constexpr int kQBuffers = 3;" in src
+    load_tile = src[src.index("void load_tile("):src.index("void produce(")]
+    assert load_tile.index("pipeline_v.producer_acquire(write);") \
+        < load_tile.index("load_q_of_tile(p, smem, pipeline_q, scheduler, next, write_q);")
+    with pytest.raises(ValidationError, match="lower block_n, block_m, stages or q_buffers"):
+        KernelSpec(head_dim=128, q_buffers=3)  # 3 x 128 x 128 Q beside two K/V stages and O
+
+
+@pytest.mark.parametrize("q_buffers", [0, 4])
 def test_q_buffers_out_of_range(q_buffers):
-    with pytest.raises(ValidationError, match=f"q_buffers={q_buffers} must be 1 or 2"):
+    with pytest.raises(ValidationError, match=f"q_buffers={q_buffers} must be 1, 2 or 3"):
         KernelSpec(head_dim=128, q_buffers=q_buffers)
 
 

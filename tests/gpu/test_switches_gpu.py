@@ -2,8 +2,8 @@
 
 The registry kernels (tests in test_fwd_gpu.py) use the default switches; these run the others
 (pingpong, no overlap, one CTA per tile, the static persistent order for causal, lpt when not
-causal, O stored from registers at hdim 128, O staged in the V buffer, a plain launch) on ragged, GQA, sq != sk shapes
-into NaN-poisoned outputs.
+causal, O stored from registers at hdim 128, O staged in the V buffer, a plain launch, three Q
+buffers) on ragged, GQA, sq != sk shapes into NaN-poisoned outputs.
 """
 
 from __future__ import annotations
@@ -72,6 +72,11 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=128, causal=True, q_buffers=1, narrow_edge_block=True),
     fa3gen.KernelSpec(head_dim=256, causal=True, narrow_edge_block=True),
     fa3gen.KernelSpec(head_dim=128, causal=True, dtype="fp16", narrow_edge_block=True),
+    # Three Q buffers: the next tile's Q a tile ahead with Q in shared memory, on the static and
+    # the lpt schedule (the registry's hdim 64 tiles, causal ones trimmed, on three stages).
+    fa3gen.KernelSpec(head_dim=64, q_buffers=3),
+    fa3gen.KernelSpec(head_dim=64, causal=True, q_buffers=3, stages=3, warpgroup_key_trim=True, narrow_edge_block=True),
+    fa3gen.KernelSpec(head_dim=96, causal=True, q_buffers=3, dtype="fp16"),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 # The last shapes have ~8 and ~16 tiles per CTA: Q buffers wrap around, and tiles chain into each
