@@ -277,6 +277,9 @@ ROW_SUMS_MMA_N = 8
 ROW_SUMS_MMA_DTYPES = ("e4m3",)
 ROW_SUMS_MMA_MAX_HEAD_DIM_V = 128
 PIN_PV_WAIT_BLOCK_N = 80
+# K's and V's per-block factors through shared memory (kv_factors_in_smem): off until measured
+# against the loads from L2 (not yet timed on a GPU).
+KV_FACTORS_IN_SMEM_DEFAULT = False
 
 
 def _plain_16bit_of(fields: dict[str, Any], head_dims: tuple[int, ...]) -> bool:
@@ -458,6 +461,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "kv_prefetch": lambda f: _bwd_kv_prefetch_default(f) if f["kind"] == "bwd" else None,
     "v_transpose_in_kernel": lambda f: False,
     "row_sums_mma": lambda f: _row_sums_mma_default(f) if f["kind"] == "fwd" else None,
+    "kv_factors_in_smem": lambda f: _kv_factors_in_smem_default(f) if f["kind"] == "fwd" else None,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -516,6 +520,20 @@ def _row_sums_mma_default(fields: dict[str, Any]) -> bool:
         return False
     return _smem_bytes(str(fields.get("dtype", "bf16")), bm, bn, d, dv, stages, str(fields.get("epilogue")), q_buffers,
                        bool(fields.get("v_transpose_in_kernel")), row_sums_mma=True) <= SMEM_BUDGET_BYTES
+
+
+def _kv_factors_in_smem_blockers(fields: dict[str, Any]) -> list[str]:
+    """A filled forward spec's fields: why the producer cannot pass its key blocks' factors through
+    shared memory (empty: it can)."""
+    why = []
+    if fields.get("dtype") != "e4m3":
+        why.append("dtype='e4m3' (only fp8 kernels have K and V factors)")
+    return why
+
+
+def _kv_factors_in_smem_default(fields: dict[str, Any]) -> bool:
+    """kv_factors_in_smem when unset: KV_FACTORS_IN_SMEM_DEFAULT where the spec allows it."""
+    return KV_FACTORS_IN_SMEM_DEFAULT and not _kv_factors_in_smem_blockers(fields)
 
 
 def _sixteen_bit_with_head_dim_v(data: dict[str, Any], min_head_dim_v: int) -> bool:
@@ -696,6 +714,12 @@ class KernelSpec(BaseModel):
     # softmax adds no scores up (one FADD a score fewer). The sums are of P as the P·V GEMM reads it
     # (16-bit or e4m3). Not with e4m3 lazy_rescale or pin_pv_wait. None: _row_sums_mma_default.
     row_sums_mma: bool | None = None
+    # e4m3: the producer writes each key block's K and V factors (per-block scales) into shared
+    # memory beside the block's K, with an asynchronous store that the K stage's full barrier
+    # counts, so the consumers read them there: the overlapped loops instead of loading them from
+    # L2 under their GEMMs (per-block scales measured 1.4-8% under one factor per (batch, head),
+    # H200 2026-12-03), the serial loop instead of its lanes' loads a block ahead. None: off.
+    kv_factors_in_smem: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
     # parallelism for the two consumer warps a scheduler runs, whose dependent FMNMX/FADD chains
@@ -841,6 +865,8 @@ class KernelSpec(BaseModel):
             data["narrow_edge_block"] = _narrow_edge_block_default(data)
         if data.get("row_sums_mma") is None:
             data["row_sums_mma"] = _row_sums_mma_default(data)
+        if data.get("kv_factors_in_smem") is None:
+            data["kv_factors_in_smem"] = _kv_factors_in_smem_default(data)
         return data
 
     @classmethod
@@ -950,7 +976,8 @@ class KernelSpec(BaseModel):
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
             raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
                              "not causal (its key blocks run in order): leave it unset")
-        for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim", "narrow_edge_block", "row_sums_mma"):
+        for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim", "narrow_edge_block", "row_sums_mma",
+                     "kv_factors_in_smem"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to forward kernels; leave it unset for kind='bwd'")
         # The step layouts these fields change exist only with the keys split: why not otherwise.
@@ -1036,6 +1063,8 @@ class KernelSpec(BaseModel):
             self._check_narrow_edge_block()
         if self.row_sums_mma and (blockers := _row_sums_mma_blockers(self.model_dump())):
             raise ValueError("row_sums_mma needs " + "; ".join(blockers))
+        if self.kv_factors_in_smem and (blockers := _kv_factors_in_smem_blockers(self.model_dump())):
+            raise ValueError("kv_factors_in_smem needs " + "; ".join(blockers))
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -1197,6 +1226,7 @@ class KernelSpec(BaseModel):
         sched += "_neb" if self.narrow_edge_block else ""
         sched += "_vtk" if self.v_transpose_in_kernel else ""
         sched += "_rsm" if self.row_sums_mma else ""
+        sched += "_kvfs" if self.kv_factors_in_smem else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

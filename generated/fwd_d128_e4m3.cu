@@ -252,6 +252,23 @@ inline cutlass::FastDivmod scale_block_divider(Fa3genDescale const& d, int units
   return cutlass::FastDivmod(d.block_stride == 0 ? 1 : d.block_rows / units);
 }
 
+// A key block's K and V factors (1 where a tensor has none; K's 1 where it is one per (batch,
+// head), folded into TileDescale::qk).
+struct KeyBlockFactors {
+  float k, v;
+};
+
+// K's factor changes with the key block (per-block scales): it scales each block's softmax.
+__device__ __forceinline__ bool k_factor_per_block(KernelParams const& p) {
+  return p.k_descale.scale != nullptr && p.k_descale.block_stride != 0;
+}
+
+__device__ __forceinline__ KeyBlockFactors key_block_factors(KernelParams const& p, TileCoord const& t, int n_block,
+                                                             bool k_per_block) {
+  return {k_per_block ? descale_at(p.k_descale, t.batch, t.head_kv, p.k_scale_block.div(n_block)) : 1.f,
+          descale_at(p.v_descale, t.batch, t.head_kv, p.v_scale_block.div(n_block))};
+}
+
 constexpr int kWarpgroupRows = 64;  // query rows of one consumer warpgroup (WGMMA's M)
 
 struct TileDescale {
@@ -263,20 +280,17 @@ struct TileDescale {
   // blocks are whole warpgroups' rows), so a tile may span Q scale blocks (192-row tiles on
   // 128-row blocks).
   __device__ TileDescale(KernelParams const& p, TileCoord const& t, int mma_thread)
-      : k_per_block(p.k_descale.scale != nullptr && p.k_descale.block_stride != 0), v_unit(1.f) {
+      : k_per_block(k_factor_per_block(p)), v_unit(1.f) {
     int const q_block = p.q_scale_block.div(t.m_block * kBlockM + mma_thread / 128 * kWarpgroupRows);
     qk = descale_at(p.q_descale, t.batch, t.head, q_block) *
          (k_per_block ? 1.f : descale_at(p.k_descale, t.batch, t.head_kv, 0));
   }
 
+  using Block = KeyBlockFactors;
   // The key block's K and V factors, loaded while its GEMMs run (the loads' latency stays off the
   // softmax's path); uniform over the CTA, so one L1 line serves every thread.
-  struct Block {
-    float k, v;
-  };
   __device__ __forceinline__ Block block(KernelParams const& p, TileCoord const& t, int n_block) const {
-    return {k_per_block ? descale_at(p.k_descale, t.batch, t.head_kv, p.k_scale_block.div(n_block)) : 1.f,
-            descale_at(p.v_descale, t.batch, t.head_kv, p.v_scale_block.div(n_block))};
+    return key_block_factors(p, t, n_block, k_per_block);
   }
 
   // O's rows are about to be rescaled and then accumulate P·V of this block's raw fp8 V: move the

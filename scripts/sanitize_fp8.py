@@ -41,6 +41,12 @@ CASES = [  # b, sq, sk, hq, hkv, d, causal, granularity, spec changes
     (2, 450, 700, 4, 2, 64, False, "block", {"block_m": 192, "block_n": 128, "intra_wg_overlap": False}),
     (1, 500, 500, 2, 1, 64, True, "block", {"block_m": 192, "block_n": 128, "warpgroup_key_trim": True, "stages": 3}),
     (1, 700, 500, 4, 2, 128, True, "block", {"block_m": 192, "block_n": 128, "warpgroup_key_trim": True}),
+    # Each key block's factors stored by the producer beside its K (kv_factors_in_smem): pingpong
+    # (hdim 256, chained; hdim 128 causal, Q in registers) and three warpgroups, trimmed.
+    (2, 300, 700, 4, 2, 256, False, "block", {"kv_factors_in_smem": True}),
+    (1, 333, 500, 4, 2, 128, True, "block", {"kv_factors_in_smem": True}),
+    (1, 500, 500, 2, 1, 64, True, "block", {"block_m": 192, "block_n": 128, "warpgroup_key_trim": True, "stages": 3,
+                                            "kv_factors_in_smem": True}),
 ]
 only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 

@@ -333,6 +333,38 @@ def test_row_sums_mma_defaults_render_and_refusals(head_dim):
         KernelSpec(kind="bwd", head_dim=head_dim, row_sums_mma=True)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_kv_factors_in_smem_render_and_refusals(head_dim):
+    """K's and V's per-block factors through shared memory: off by default (absent from the
+    canonical JSON), opt-in for e4m3 kernels. Rendered as the producer's asynchronous store of
+    each K stage's factors, counted in the stage's transaction bytes, and the loop's read of them
+    from the stage it waited for (the overlapped loop's first key block of a tile and every later
+    one; the serial loop's each block), in place of the loads from global memory; 16-bit kernels
+    and the backward are refused."""
+    default = KernelSpec(head_dim=head_dim, dtype="e4m3")
+    assert not default.kv_factors_in_smem and "kv_factors_in_smem" not in default.canonical_json()
+    on = KernelSpec(head_dim=head_dim, dtype="e4m3", kv_factors_in_smem=True)
+    assert on.name == default.name + "_kvfs" and '"kv_factors_in_smem":true' in on.canonical_json()
+    code, plain = render(on), render(default)
+    assert "constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element) + kBytesKFactors;" in code
+    assert "float kv_factors[kStages][2];" in code
+    assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in code
+    # every K load stores its block's factors: the first key block of a tile and the loop's
+    assert code.count("store_key_block_factors(smem, pipeline_k, write, factors);") == 2
+    # the first block (twice with chained tiles: this tile's and the next's) and the loop, each from the stage read
+    reads = code.count(".block(smem, read.index());")
+    assert reads == 2 * (1 + on.inter_tile_overlap) and ".block(p, " not in code
+    assert "kv_factors" not in plain and "st.async" not in plain and plain.count(".block(p, ") == reads
+    with pytest.raises(ValidationError, match="kv_factors_in_smem needs dtype='e4m3'"):
+        KernelSpec(head_dim=head_dim, kv_factors_in_smem=True)
+    # the serial loop (three warpgroups) reads them from the stage too, in place of its lanes' loads a block ahead
+    serial = render(KernelSpec(head_dim=min(head_dim, 128), dtype="e4m3", block_m=192, block_n=128,
+                               intra_wg_overlap=False, kv_factors_in_smem=True))
+    assert serial.count(".block(smem, read.index());") == 1 and "descale.step(" not in serial and "lane_factor" not in serial
+    with pytest.raises(ValidationError, match="kv_factors_in_smem applies to forward kernels"):
+        KernelSpec(kind="bwd", head_dim=head_dim, kv_factors_in_smem=True)
+
+
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_q_registers_defaults_and_render(head_dim):
     """Q in registers for Q·Kᵀ: on by default for the causal kernels of hdim 128 (16-bit and e4m3,

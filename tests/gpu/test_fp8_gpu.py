@@ -70,6 +70,11 @@ SPECS += THREAD_SUMS_SPECS
 # V as the model holds it, transposed in shared memory by the producer warpgroup.
 V_TRANSPOSE_SPECS = [fa3gen.registry.default_fp8_spec(128, 128, "bf16", c, v_transpose_in_kernel=True) for c in (False, True)]
 SPECS += V_TRANSPOSE_SPECS
+# The registry's e4m3 kernels with their key blocks' factors passed through shared memory by the
+# producer (kv_factors_in_smem): the overlapped loops and the serial one.
+KV_FACTORS_IN_SMEM_SPECS = [fa3gen.KernelSpec(**{**s.model_dump(exclude_unset=True), "kv_factors_in_smem": True})
+                            for s in fa3gen.registry.REGISTRY.values() if s.kind == "fwd" and s.dtype == "e4m3"]
+SPECS += KV_FACTORS_IN_SMEM_SPECS
 
 
 def profiled(b, s, h, d, seed, profile):
@@ -166,6 +171,27 @@ def test_fp8_key_block_factors_loaded_a_block_ahead(name):
         k = striped(b, sk, hkv, d, 101 + 10 * i, n)
         v = striped(b, sk, hkv, d, 102 + 10 * i, 2 * n)
         check(fp8.prepare(q, k, v, "block", (128, n), hadamard=True, seed=i), spec.causal, kernel=kernel)
+
+
+@pytest.mark.parametrize("spec", KV_FACTORS_IN_SMEM_SPECS, ids=lambda s: s.name)
+def test_fp8_key_block_factors_in_shared_memory(spec):
+    """The producer stores each key block's K and V factors beside its K tile (an asynchronous
+    store the stage's barrier counts): outputs bit for bit those of the same kernel loading them
+    from global memory, on K and V scale blocks of one key block with alternating magnitudes (a
+    factor of the stage before, or K's and V's swapped, is off by 2-4x), and the dequantized
+    reference's. GQA, ragged, sq != sk, several tiles per CTA."""
+    kernel, loads = fa3gen.compile(spec), fa3gen.compile(with_default(spec, "kv_factors_in_smem"))
+    assert not loads.spec.kv_factors_in_smem
+    d, n = spec.head_dim, spec.block_n
+    for i, (b, sq, sk, hq, hkv) in enumerate([(1, 2049, 2049, 2, 2), (2, 700, 1100, 4, 2), (8, 1000, 1000, 16, 4)]):
+        q = ramped(b, sq, hq, d, 200 + 10 * i)
+        k = striped(b, sk, hkv, d, 201 + 10 * i, n)
+        v = striped(b, sk, hkv, d, 202 + 10 * i, 2 * n)
+        inputs = fp8.prepare(q, k, v, "block", (128, n), hadamard=True, seed=i)
+        check(inputs, spec.causal, kernel=kernel)
+        out, lse = run_poisoned(inputs, spec.causal, kernel=kernel)
+        ref_out, ref_lse = run_poisoned(inputs, spec.causal, kernel=loads)
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
 @pytest.mark.parametrize("spec", THREAD_SUMS_SPECS, ids=lambda s: s.name)
