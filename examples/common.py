@@ -1,0 +1,45 @@
+"""What the variant examples share: the Hopper check, random inputs, and errors against float64."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+import fa3gen
+
+
+def runs_here(*specs: fa3gen.KernelSpec) -> bool:
+    """Renders the example's kernels (printing their size), and says whether this machine can run
+    them: a Hopper GPU (sm_90). Elsewhere it prints why not and the example stops there."""
+    for spec in specs:
+        print(f"{spec.name}: {len(fa3gen.render(spec))} characters of CUDA")
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        return True
+    print("running these kernels needs a Hopper GPU (H100/H200); the specs above are valid and render")
+    return False
+
+
+def random_qkv(b: int, s: int, h: int, d: int, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def report(what: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+    print(f"{what}: relative error vs float64 {rel_err(out, ref):.2e}")
+
+
+def report_grads(what: str, grads: Iterable[torch.Tensor], refs: Iterable[torch.Tensor]) -> None:
+    errors = ", ".join(f"{name} {rel_err(g, r):.2e}" for name, g, r in zip(("dq", "dk", "dv"), grads, refs))
+    print(f"{what} backward: relative errors vs float64 {errors}")
+
+
+def autograd_grads(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   dout: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """dq, dk, dv of fn(q, k, v) for the output gradient dout, through autograd."""
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    fn(qg, kg, vg).backward(dout)
+    return qg.grad, kg.grad, vg.grad
