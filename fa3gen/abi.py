@@ -81,6 +81,10 @@ FP8_PREPARE_ENTRY_POINTS = ("fa3gen_fp8_amax", "fa3gen_fp8_scales", "fa3gen_fp8_
 FP8_SCALE_GRANULARITY = {"block": 0, "head": 1, "tensor": 2}  # Fp8PrepareParams.granularity
 
 
+# A block_sparse forward library's classifier: (params, int32 ranges out, stream).
+BLOCK_RANGES_ENTRY_POINT = "fa3gen_fwd_block_ranges"
+
+
 def bind(lib: ctypes.CDLL, kind: str = "fwd") -> ctypes.CDLL:
     """Declare the exported symbols' signatures on a loaded kernel library of this kind ("fwd",
     "bwd" or "fp8_prepare"): the two every library exports and the launch symbols of its kind (the
@@ -100,6 +104,10 @@ def bind(lib: ctypes.CDLL, kind: str = "fwd") -> ctypes.CDLL:
         lib.fa3gen_fwd_workspace_bytes.argtypes = []
         lib.fa3gen_fwd.restype = ctypes.c_int
         lib.fa3gen_fwd.argtypes = [ctypes.POINTER(FwdParams), ctypes.c_void_p]
+        if hasattr(lib, BLOCK_RANGES_ENTRY_POINT):  # block_sparse kernels only
+            entry = getattr(lib, BLOCK_RANGES_ENTRY_POINT)
+            entry.restype = ctypes.c_int
+            entry.argtypes = [ctypes.POINTER(FwdParams), ctypes.c_void_p, ctypes.c_void_p]
     else:
         lib.fa3gen_bwd_workspace_bytes.restype = ctypes.c_int64
         lib.fa3gen_bwd_workspace_bytes.argtypes = [ctypes.POINTER(BwdParams)]

@@ -68,6 +68,16 @@ class CompiledKernel:
         if err != 0:
             raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
 
+    def block_ranges(self, params: abi.FwdParams, ranges: int, stream: int) -> None:
+        """A block_sparse forward kernel's classifier: writes the problem's key block ranges into
+        `ranges` (device pointer to int32 (batch, nheads_q, ceil(seqlen_q / block_m), 4))."""
+        if not getattr(self._spec, "block_sparse", False):
+            raise TypeError(f"fa3gen kernel {self._spec.name} is not block_sparse: it has no block ranges")
+        err = getattr(self._lib, abi.BLOCK_RANGES_ENTRY_POINT)(ctypes.byref(params), ctypes.c_void_p(ranges),
+                                                                ctypes.c_void_p(stream or None))
+        if err != 0:
+            raise RuntimeError(f"fa3gen kernel {self._spec.name} (block ranges) failed: CUDA error {err}")
+
     def bwd_workspace_bytes(self, params: abi.BwdParams) -> int:
         """Device scratch (bytes, 256-byte aligned) the backward launch of this problem needs in
         ``params.workspace``; reads the sizes in params, not the pointers."""

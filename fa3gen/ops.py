@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from fa3gen import launch
+from fa3gen import block_sparsity, launch
 from fa3gen.abi import BwdParams, FwdParams
 from fa3gen.registry import seqlen_bucket
 from fa3gen.variant_args import VariantArgs
@@ -379,7 +379,16 @@ def _run_fwd(kernel: Any, params: FwdParams, variant: VariantArgs, q: torch.Tens
     stream = launch.current_stream(q.device)
     _workspace_alive = launch.attach_workspace(params, kernel.workspace_bytes, q.device, stream)
     _fill_variant(params, kernel, variant, q, k, causal)
-    _on_device(q.device, lambda: kernel.fwd(params, stream))
+    spec = getattr(kernel, "spec", None)
+
+    def run() -> None:
+        if spec is not None and spec.block_sparse:  # the mask_mod's block ranges first (cached per problem)
+            tensors = tuple(t for t in variant.params.values() if isinstance(t, torch.Tensor))
+            block_sparsity.attach(params, spec.block_ranges_slot,
+                                  block_sparsity.block_ranges(kernel, params, tensors, q.device, stream))
+        kernel.fwd(params, stream)
+
+    _on_device(q.device, run)
 
 
 def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None,
@@ -451,8 +460,10 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     inside compiled graphs.
     """
     spec = kernel.spec
+    # (a block-sparse launch is not planned: its ranges live in block_sparsity's cache, not the plan)
+    planned = _eager_fast_path(q, k, v, alibi_slopes) and not spec.block_sparse
     plan_key = launch.plan_key(q, k, v, softmax_scale, spec.causal, window_size, softcap, alibi_slopes, kernel,
-                               params) if _eager_fast_path(q, k, v, alibi_slopes) else None
+                               params) if planned else None
     if (result := launch.run_planned(plan_key, q, k, v)) is not None:  # as in flash_attn_func
         out, lse = result
         return (out, lse) if return_lse else out

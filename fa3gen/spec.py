@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from .variant import MaskMod, Param, ScalarParam, ScoreMod, check_expression, check_params
+from .abi import MAX_TENSOR_ARGS
+from .variant import MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SMEM_BUDGET_BYTES = 227 * 1024  # per thread block on H100/H200
@@ -280,6 +281,9 @@ PIN_PV_WAIT_BLOCK_N = 80
 # K's and V's per-block factors through shared memory (kv_factors_in_smem): off until measured
 # against the loads from L2 (not yet timed on a GPU).
 KV_FACTORS_IN_SMEM_DEFAULT = False
+# The tensor param slot (Fa3genVariantParams.tensor_args) that carries a block-sparse kernel's
+# block ranges (block_sparse): the last one.
+BLOCK_RANGES_SLOT = MAX_TENSOR_ARGS - 1
 
 
 def _plain_16bit_of(fields: dict[str, Any], head_dims: tuple[int, ...]) -> bool:
@@ -462,6 +466,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "v_transpose_in_kernel": lambda f: False,
     "row_sums_mma": lambda f: _row_sums_mma_default(f) if f["kind"] == "fwd" else None,
     "kv_factors_in_smem": lambda f: _kv_factors_in_smem_default(f) if f["kind"] == "fwd" else None,
+    "block_sparse": lambda f: False if f["kind"] == "fwd" else None,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -720,6 +725,13 @@ class KernelSpec(BaseModel):
     # L2 under their GEMMs (per-block scales measured 1.4-8% under one factor per (batch, head),
     # H200 2026-12-03), the serial loop instead of its lanes' loads a block ahead. None: off.
     kv_factors_in_smem: bool | None = None
+    # Block sparsity for a mask_mod (forward): before the first launch for a problem (shapes and
+    # param values), a generated kernel classifies each (query block, key block) pair as empty,
+    # partial or full, reduced per query block to the visible key blocks [begin, end) and the
+    # longest run of full ones; the forward visits only that range and evaluates the mask_mod only
+    # outside the full run. The ranges are cached per problem (fa3gen.block_sparsity) and travel in
+    # the last tensor param slot (BLOCK_RANGES_SLOT). None: off (not yet timed on a GPU).
+    block_sparse: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
     # parallelism for the two consumer warps a scheduler runs, whose dependent FMNMX/FADD chains
@@ -867,6 +879,8 @@ class KernelSpec(BaseModel):
             data["row_sums_mma"] = _row_sums_mma_default(data)
         if data.get("kv_factors_in_smem") is None:
             data["kv_factors_in_smem"] = _kv_factors_in_smem_default(data)
+        if data.get("block_sparse") is None:
+            data["block_sparse"] = False
         return data
 
     @classmethod
@@ -943,6 +957,15 @@ class KernelSpec(BaseModel):
         if why:
             raise ValueError("narrow_edge_block needs " + "; ".join(why))
 
+    def _check_block_sparse(self) -> None:
+        if self.mask_mod is None:
+            raise ValueError("block_sparse classifies key blocks by the spec's mask_mod: it needs one (causal and "
+                             "window kernels skip their hidden blocks without it)")
+        tensors = sum(isinstance(p, TensorParam) for p in self.params)
+        if tensors > BLOCK_RANGES_SLOT:
+            raise ValueError(f"block_sparse takes the last of the {BLOCK_RANGES_SLOT + 1} tensor param slots for its "
+                             f"block ranges: at most {BLOCK_RANGES_SLOT} tensor params, got {tensors}")
+
     def _check_o_in_v(self) -> None:
         assert self.block_m and self.block_n and self.head_dim_v and self.stages
         if not _o_fits_in_v(self.dtype, self.block_m, self.block_n, self.head_dim_v, self.stages):
@@ -977,7 +1000,7 @@ class KernelSpec(BaseModel):
             raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
                              "not causal (its key blocks run in order): leave it unset")
         for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim", "narrow_edge_block", "row_sums_mma",
-                     "kv_factors_in_smem"):
+                     "kv_factors_in_smem", "block_sparse"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to forward kernels; leave it unset for kind='bwd'")
         # The step layouts these fields change exist only with the keys split: why not otherwise.
@@ -1065,6 +1088,8 @@ class KernelSpec(BaseModel):
             raise ValueError("row_sums_mma needs " + "; ".join(blockers))
         if self.kv_factors_in_smem and (blockers := _kv_factors_in_smem_blockers(self.model_dump())):
             raise ValueError("kv_factors_in_smem needs " + "; ".join(blockers))
+        if self.block_sparse:
+            self._check_block_sparse()
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -1184,6 +1209,11 @@ class KernelSpec(BaseModel):
         return tuple(slots)
 
     @property
+    def block_ranges_slot(self) -> int:
+        """The tensor param slot of a block_sparse kernel's block ranges (BLOCK_RANGES_SLOT)."""
+        return BLOCK_RANGES_SLOT
+
+    @property
     def num_threads(self) -> int:
         assert self.num_consumer_warpgroups
         return THREADS_PER_WARPGROUP * (1 + self.num_consumer_warpgroups)
@@ -1227,6 +1257,7 @@ class KernelSpec(BaseModel):
         sched += "_vtk" if self.v_transpose_in_kernel else ""
         sched += "_rsm" if self.row_sums_mma else ""
         sched += "_kvfs" if self.kv_factors_in_smem else ""
+        sched += "_bsp" if self.block_sparse else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

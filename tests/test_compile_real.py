@@ -70,6 +70,11 @@ SPECS = {
     # FP8 with each key block's K and V factors stored by the producer beside its K (st.async,
     # counted by the stage's barrier), read by the pingpong loop from shared memory.
     "d256_e4m3_kv_factors_in_smem": KernelSpec(head_dim=256, dtype="e4m3", kv_factors_in_smem=True),
+    # Block sparsity for a mask_mod (packed documents, causal within each): the library also holds
+    # the classifier kernel that writes each query block's key block ranges.
+    "d64_documents_block_sparse": KernelSpec(
+        head_dim=64, mask_mod={"expr": "doc(b, q_idx) == doc(b, kv_idx) && kv_idx <= q_idx"},
+        params=[{"kind": "tensor", "name": "doc", "ndim": 2, "dtype": "int32"}], block_sparse=True),
 }
 NAMES = list(SPECS)
 # Spill bytes a kernel may have, and why. The causal hdim 256 forward (lpt scheduler, O staged in
@@ -175,6 +180,16 @@ def test_sass_serial_fp8_loop_finds_factors_from_the_tile_row(builds: dict[str, 
     assert len([t for t in loop if re.search(r"\bLDG\b", t)]) == 1, "one factor load per lane and key block"
     uimad = [t for t in loop if re.match(r"(@!?U?P\w+\s+)?UIMAD\b", t)]
     assert not uimad, uimad
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].block_sparse])
+def test_block_sparse_library_holds_the_classifier(builds: dict[str, BuildResult], name: str) -> None:
+    """block_sparse: two kernels in the library, the forward and the block range classifier (a
+    plain CUDA kernel: no WGMMA, no shared memory, few registers)."""
+    functions = {info.function: info for info in ptxas_report(builds[name])}
+    classifier = [f for f in functions if "block_ranges_kernel" in f]
+    assert len(functions) == 2 and len(classifier) == 1, sorted(functions)
+    assert functions[classifier[0]].registers <= 64, functions[classifier[0]].summary()
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kv_factors_in_smem])

@@ -127,3 +127,34 @@ def test_per_element_variants_get_two_consumer_warpgroups_at_hdim_64():
         spec = KernelSpec(head_dim=64, **fields)
         assert (spec.block_m, spec.num_consumer_warpgroups) == (128, 2)
     assert KernelSpec(head_dim=64, alibi=True, block_m=192).num_consumer_warpgroups == 3  # explicit wins
+
+
+def test_block_sparse_mask_mod_specs_render_the_classifier_and_the_ranges():
+    """block_sparse (opt-in, absent from the canonical JSON when off): the forward library gains the
+    classifier kernel and its C entry point; every tile's key range (producer and consumers alike)
+    comes from the ranges in the last tensor param slot, and the mask_mod runs only on the blocks
+    outside the full run (or ragged, or on a causal edge). Refused without a mask_mod, with all
+    tensor slots taken, and for the backward (whose spec drops it)."""
+    dense = KernelSpec(head_dim=64, **DOC_WINDOW)
+    sparse = KernelSpec(head_dim=64, block_sparse=True, **DOC_WINDOW)
+    assert not dense.block_sparse and "block_sparse" not in dense.canonical_json()
+    assert sparse.name == dense.name + "_bsp" and '"block_sparse":true' in sparse.canonical_json()
+    code, plain = render(sparse), render(dense)
+    assert "__global__ void __launch_bounds__(kRangeThreads) block_ranges_kernel(" in code
+    assert 'extern "C" int fa3gen_fwd_block_ranges(const Fa3genFwdParams* a, int32_t* ranges, void* stream)' in code
+    assert f"constexpr int kSlot = {sparse.block_ranges_slot};" in code
+    assert f"a->variant.tensor_args[{sparse.block_ranges_slot}] == nullptr" in code
+    # the producer's and the consumers' range lookups all take the tile's coordinates; only the
+    # sparse lookup itself starts from the static range of t.m_block
+    assert code.count("key_block_range(p, t)") >= 2 and "key_block_range(p, t_next)" in code
+    assert code.count("key_block_range(p, t.m_block)") == 1 and "key_block_range(p, t_next.m_block)" not in code
+    assert "bool const partial = n_block < blocks.full_begin || n_block >= blocks.full_end;" in code
+    assert "return true;  // the spec's mask_mod can hide any element" in plain and "block_ranges" not in plain
+    with pytest.raises(ValidationError, match="block_sparse classifies key blocks by the spec's mask_mod"):
+        KernelSpec(head_dim=64, causal=True, block_sparse=True)
+    tensors = [{"kind": "tensor", "name": f"t{i}", "ndim": 1, "dtype": "int32"} for i in range(8)]
+    with pytest.raises(ValidationError, match="at most 7 tensor params"):
+        KernelSpec(head_dim=64, mask_mod={"expr": "t0(q_idx) == t7(kv_idx)"}, params=tensors, block_sparse=True)
+    with pytest.raises(ValidationError, match="block_sparse applies to forward kernels"):
+        KernelSpec(kind="bwd", head_dim=64, block_sparse=True, **DOC_WINDOW)
+    assert not sparse.backward_spec().block_sparse

@@ -1,0 +1,87 @@
+"""Block sparsity for a mask_mod (KernelSpec.block_sparse): the block-sparse forward beside the same
+mask evaluated on every key block (the dense mask_mod kernel), FlexAttention with its BlockMask, and
+cuDNN's causal attention, in one process, interleaved.
+
+Usage (on a Hopper GPU): python scripts/bench_block_sparse.py [--seqlens 4096,16384] [--doc-len 2048]
+bf16, hdim 128, 16 heads, batch = 16384 / seqlen. Masks: packed documents of --doc-len tokens,
+causal within each; prefix-LM with a prefix of a quarter of the sequence. ms is the median of the
+interleaved rounds; "x dense" and "x flex" divide their time by the block-sparse kernel's. The
+first call's classification (the block ranges, cached per problem) is timed apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fa3gen  # noqa: E402
+from bench_variants import _flex  # noqa: E402
+from fa3gen import block_sparsity  # noqa: E402
+from fa3gen.bench import time_cuda_ms_interleaved  # noqa: E402
+
+DOCUMENTS = dict(mask_mod={"expr": "doc(b, q_idx) == doc(b, kv_idx) && kv_idx <= q_idx"},
+                 params=[{"kind": "tensor", "name": "doc", "ndim": 2, "dtype": "int32"}])
+PREFIX_LM = dict(mask_mod={"expr": "kv_idx <= q_idx || kv_idx < prefix(b)"},
+                 params=[{"kind": "tensor", "name": "prefix", "ndim": 1, "dtype": "int32"}])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqlens", default="4096,16384")
+    ap.add_argument("--doc-len", type=int, default=2048)
+    args = ap.parse_args()
+    flex, create_block_mask, why = _flex()
+    if flex is None:
+        print(f"FlexAttention unavailable: {why}")
+    print(f"# {torch.cuda.get_device_name()} · torch {torch.__version__}")
+    print("| case | block-sparse ms | dense mask_mod ms | x dense | flex ms | x flex | cuDNN causal ms | first call's ranges ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    d, h = 128, 16
+    for s in (int(x) for x in args.seqlens.split(",")):
+        b = max(1, 16384 // s)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        doc = (torch.arange(s, device="cuda") // args.doc_len).int().expand(b, s).contiguous()
+        prefix = torch.full((b,), s // 4, device="cuda", dtype=torch.int32)
+        cases = [(f"documents of {args.doc_len}", DOCUMENTS, {"doc": doc}, lambda bb, hh, i, j: (doc[bb, i] == doc[bb, j]) & (j <= i)),
+                 (f"prefix-LM, prefix {s // 4}", PREFIX_LM, {"prefix": prefix}, lambda bb, hh, i, j: (j <= i) | (j < prefix[bb]))]
+        for name, fields, params, mask in cases:
+            sparse = fa3gen.compile(fa3gen.KernelSpec(head_dim=d, block_sparse=True, **fields))
+            dense = fa3gen.compile(fa3gen.KernelSpec(head_dim=d, **fields))
+            block_sparsity.clear()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            sparse(q, k, v, **params)  # classifies (and runs) once
+            torch.cuda.synchronize()
+            first_ms = (time.perf_counter() - t0) * 1e3
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+
+            fns = {"sparse": lambda: sparse(q, k, v, **params), "dense": lambda: dense(q, k, v, **params), "cudnn": cudnn}
+            if flex is not None:
+                block_mask = create_block_mask(mask, b, h, s, s, device="cuda")
+                fns["flex"] = lambda: flex(qt, kt, vt, block_mask=block_mask)
+                ref = fns["flex"]().transpose(1, 2).float()
+                diff = float((fns["sparse"]().float() - ref).norm() / ref.norm())
+                print(f"  {name} s{s}: rel diff vs FlexAttention {diff:.2e}")
+            ms = time_cuda_ms_interleaved(fns, 5, 20, 20.0)
+            if failed := {n: t for n, t in ms.items() if isinstance(t, Exception)}:
+                print(f"  {name} s{s}: failed: {failed}")
+                continue
+            flex_ms = ms.get("flex")
+            flex_cols = f"{flex_ms:.3f} | {flex_ms / ms['sparse']:.2f}" if isinstance(flex_ms, float) else "- | -"
+            print(f"| {name}, s{s} b{b} | {ms['sparse']:.3f} | {ms['dense']:.3f} | {ms['dense'] / ms['sparse']:.2f} | "
+                  f"{flex_cols} | {ms['cudnn']:.3f} | {first_ms:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

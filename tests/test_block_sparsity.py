@@ -1,0 +1,74 @@
+"""fa3gen.block_sparsity's cache of block ranges per problem, with a stand-in for the kernel's
+classifier (the classifier itself runs in tests/gpu/test_block_sparse_gpu.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from fa3gen import block_sparsity
+from fa3gen.abi import FwdParams
+
+
+class Classifier:
+    """Counts classifications; writes nothing (the ranges' values are the GPU test's business)."""
+
+    def __init__(self, name: str = "a") -> None:
+        self.spec = SimpleNamespace(block_m=128)
+        self.library_path = Path(f"/cache/{name}/kernel.so")
+        self.calls = 0
+
+    def block_ranges(self, params, ranges, stream) -> None:
+        self.calls += 1
+
+
+def problem(seqlen_q: int = 1000, window: int = 0) -> FwdParams:
+    p = FwdParams()
+    p.batch, p.seqlen_q, p.seqlen_k, p.nheads_q, p.nheads_kv = 2, seqlen_q, 1000, 4, 2
+    p.variant.int_args[0] = window
+    return p
+
+
+def test_ranges_are_reused_for_the_same_problem_only():
+    block_sparsity.clear()
+    kernel, doc = Classifier(), torch.zeros(2, 1000, dtype=torch.int32)
+    cpu = torch.device("cpu")
+    first = block_sparsity.block_ranges(kernel, problem(), (doc,), cpu, 0)
+    assert first.shape == (2, 4, 8, 4) and first.dtype == torch.int32
+    assert block_sparsity.block_ranges(kernel, problem(), (doc,), cpu, 0) is first and kernel.calls == 1
+    # another size, another scalar, another kernel: each its own problem
+    block_sparsity.block_ranges(kernel, problem(seqlen_q=999), (doc,), cpu, 0)
+    block_sparsity.block_ranges(kernel, problem(window=5), (doc,), cpu, 0)
+    block_sparsity.block_ranges(Classifier("b"), problem(), (doc,), cpu, 0)
+    assert kernel.calls == 3
+    # an in-place change bumps the tensor's version: classified again
+    doc.add_(1)
+    block_sparsity.block_ranges(kernel, problem(), (doc,), cpu, 0)
+    assert kernel.calls == 4
+    # another tensor object at the same address (the allocator reusing a freed block looks the
+    # same): classified again, never answered from the old one's ranges
+    alias = doc.view_as(doc)
+    assert alias.data_ptr() == doc.data_ptr() and alias._version == doc._version
+    block_sparsity.block_ranges(kernel, problem(), (alias,), cpu, 0)
+    assert kernel.calls == 5
+
+
+def test_cache_keeps_the_most_recent_problems():
+    block_sparsity.clear()
+    kernel, cpu = Classifier(), torch.device("cpu")
+    docs = [torch.zeros(2, 1000, dtype=torch.int32) for _ in range(block_sparsity.MAX_CACHED + 1)]
+    for doc in docs:
+        block_sparsity.block_ranges(kernel, problem(), (doc,), cpu, 0)
+    assert len(block_sparsity._cache) == block_sparsity.MAX_CACHED
+    block_sparsity.block_ranges(kernel, problem(), (docs[-1],), cpu, 0)  # the newest: kept
+    block_sparsity.block_ranges(kernel, problem(), (docs[0],), cpu, 0)  # the oldest: dropped
+    assert kernel.calls == block_sparsity.MAX_CACHED + 2
+
+
+def test_attach_points_the_last_tensor_slot_at_the_ranges():
+    params, ranges = problem(), torch.zeros(2, 4, 8, 4, dtype=torch.int32)
+    block_sparsity.attach(params, 7, ranges)
+    assert params.variant.tensor_args[7] == ranges.data_ptr()
+    assert list(params.variant.tensor_strides[7]) == [128, 32, 4, 1]
