@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import torch
 
 import fa3gen
+from fa3gen.reference import attention_reference, attention_reference_grads
 
 
 def runs_here(*specs: fa3gen.KernelSpec) -> bool:
@@ -43,3 +44,14 @@ def autograd_grads(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     fn(qg, kg, vg).backward(dout)
     return qg.grad, kg.grad, vg.grad
+
+
+def check_builtin_variant(what: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                          **variant) -> None:
+    """fa3gen.flash_attn_func with a built-in variant (window_size, softcap, alibi_slopes), forward
+    and backward through autograd, against the float64 reference of the same variant."""
+    out = fa3gen.flash_attn_func(q, k, v, causal=causal, **variant)
+    report(what, out, attention_reference(q, k, v, None, causal, **variant)[0])
+    dout = torch.randn_like(out)
+    grads = autograd_grads(lambda a, b, c: fa3gen.flash_attn_func(a, b, c, causal=causal, **variant), q, k, v, dout)
+    report_grads(what, grads, attention_reference_grads(q, k, v, dout, None, causal, **variant))

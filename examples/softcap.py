@@ -7,11 +7,9 @@ Elsewhere it renders the soft-capped kernels and says that running them needs a 
 
 from __future__ import annotations
 
-import torch
-from common import autograd_grads, random_qkv, report, report_grads, runs_here
+from common import check_builtin_variant, random_qkv, runs_here
 
 import fa3gen
-from fa3gen.reference import attention_reference, attention_reference_grads
 
 
 def main() -> None:
@@ -19,13 +17,10 @@ def main() -> None:
                      fa3gen.KernelSpec(head_dim=128, causal=True, window=True, softcap=True)):
         return
     q, k, v = random_qkv(2, 4096, 8, 128)
-    for causal, variant in ((False, dict(softcap=30.0)), (True, dict(softcap=30.0, window_size=(1024, 0)))):
-        what = f"{variant}{' causal' if causal else ''}"
-        out = fa3gen.flash_attn_func(q, k, v, causal=causal, **variant)
-        report(what, out, attention_reference(q, k, v, None, causal, **variant)[0])
-        dout = torch.randn_like(out)
-        grads = autograd_grads(lambda a, b, c: fa3gen.flash_attn_func(a, b, c, causal=causal, **variant), q, k, v, dout)
-        report_grads(what, grads, attention_reference_grads(q, k, v, dout, None, causal, **variant))
+    out = fa3gen.flash_attn_func(q, k, v, softcap=30.0)
+    print("softcap 30:", tuple(out.shape))
+    check_builtin_variant("softcap 30", q, k, v, False, softcap=30.0)
+    check_builtin_variant("softcap 30, causal 1k window", q, k, v, True, softcap=30.0, window_size=(1024, 0))
 
 
 if __name__ == "__main__":
