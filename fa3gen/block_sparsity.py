@@ -38,15 +38,19 @@ def _same_tensors(refs: tuple[weakref.ref, ...], tensors: tuple[torch.Tensor, ..
 def block_ranges(kernel: Any, params: FwdParams, tensors: tuple[torch.Tensor, ...], device: torch.device,
                  stream: int) -> torch.Tensor:
     """int32 (batch, nheads_q, query blocks, 4): per query block the key blocks [begin, end) some of
-    whose elements the mask_mod shows, and [full_begin, full_end) the longest run it shows whole.
+    whose elements the mask_mod shows, and [full_begin, full_end) the longest run it shows whole
+    (stride 0 along the batch or the heads where the mask_mod does not use b or h).
     `params` holds the problem's sizes and variant values (filled); `tensors` are its tensor params."""
     key = _problem_key(kernel, params, tensors, device)
     if (hit := _cache.get(key)) is not None and _same_tensors(hit[1], tensors):
         _cache.move_to_end(key)
         return hit[0]
     m_blocks = -(-params.seqlen_q // kernel.spec.block_m)
-    ranges = torch.empty((params.batch, params.nheads_q, m_blocks, 4), dtype=torch.int32, device=device)
+    per_batch, per_head = kernel.spec.block_ranges_per  # a mask_mod without b (h): one table for all
+    ranges = torch.empty((params.batch if per_batch else 1, params.nheads_q if per_head else 1, m_blocks, 4),
+                         dtype=torch.int32, device=device)
     kernel.block_ranges(params, ranges.data_ptr(), stream)
+    ranges = ranges.expand(params.batch, params.nheads_q, m_blocks, 4)  # broadcast: stride 0
     _cache[key] = (ranges, tuple(weakref.ref(t) for t in tensors))
     _cache.move_to_end(key)
     while len(_cache) > MAX_CACHED:

@@ -70,7 +70,9 @@ class CompiledKernel:
 
     def block_ranges(self, params: abi.FwdParams, ranges: int, stream: int) -> None:
         """A block_sparse forward kernel's classifier: writes the problem's key block ranges into
-        `ranges` (device pointer to int32 (batch, nheads_q, ceil(seqlen_q / block_m), 4))."""
+        `ranges`, a device pointer to int32 (batch, nheads_q, ceil(seqlen_q / block_m), 4),
+        contiguous, with batch and nheads_q 1 where the mask_mod does not use b or h
+        (``spec.block_ranges_per``)."""
         if not getattr(self._spec, "block_sparse", False):
             raise TypeError(f"fa3gen kernel {self._spec.name} is not block_sparse: it has no block ranges")
         err = getattr(self._lib, abi.BLOCK_RANGES_ENTRY_POINT)(ctypes.byref(params), ctypes.c_void_p(ranges),

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .abi import MAX_TENSOR_ARGS
-from .variant import MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params
+from .variant import MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params, names_used
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SMEM_BUDGET_BYTES = 227 * 1024  # per thread block on H100/H200
@@ -1207,6 +1207,14 @@ class KernelSpec(BaseModel):
             slots.append((param, array, counters.get(array, 0)))
             counters[array] = counters.get(array, 0) + 1
         return tuple(slots)
+
+    @property
+    def block_ranges_per(self) -> tuple[bool, bool]:
+        """Whether a block_sparse kernel's ranges differ per batch and per head: only where its
+        mask_mod uses b and h (a mask of document ids indexed by b alone is classified once for
+        all heads, and broadcast)."""
+        used = names_used(self.mask_mod.expr) if self.mask_mod is not None else frozenset()
+        return "b" in used, "h" in used
 
     @property
     def block_ranges_slot(self) -> int:

@@ -107,6 +107,12 @@ class MaskMod(BaseModel):
     expr: str
 
 
+def names_used(text: str) -> frozenset[str]:
+    """The identifiers an expression uses (numbers and their suffixes aside): e.g. whether a
+    mask_mod depends on the head (``"h"``) or the batch (``"b"``)."""
+    return frozenset(_IDENTIFIER.findall(_NUMBER_SUFFIX.sub(" ", text)))
+
+
 def check_expression(text: str, what: str, params: tuple[Param, ...], allow_score: bool) -> None:
     """Raise ValueError unless `text` is one C++ expression over the names allowed for `what`."""
     if not text.strip():
@@ -126,8 +132,7 @@ def check_expression(text: str, what: str, params: tuple[Param, ...], allow_scor
     known = set(INDEX_NAMES) | set(FUNCTIONS) | set(_KEYWORDS) | {p.name for p in params}
     if allow_score:
         known.add("score")
-    without_numbers = _NUMBER_SUFFIX.sub(" ", text)
-    unknown = sorted({n for n in _IDENTIFIER.findall(without_numbers) if n not in known})
+    unknown = sorted(n for n in names_used(text) if n not in known)
     if unknown:
         allowed = ", ".join(sorted(known - set(FUNCTIONS) - set(_KEYWORDS)))
         raise ValueError(

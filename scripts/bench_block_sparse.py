@@ -4,9 +4,10 @@ cuDNN's causal attention, in one process, interleaved.
 
 Usage (on a Hopper GPU): python scripts/bench_block_sparse.py [--seqlens 4096,16384] [--doc-len 2048]
 bf16, hdim 128, 16 heads, batch = 16384 / seqlen. Masks: packed documents of --doc-len tokens,
-causal within each; prefix-LM with a prefix of a quarter of the sequence. ms is the median of the
-interleaved rounds; "x dense" and "x flex" divide their time by the block-sparse kernel's. The
-first call's classification (the block ranges, cached per problem) is timed apart.
+causal within each (causal=True in the spec, the documents in the mask_mod); prefix-LM with a
+prefix of a quarter of the sequence. ms is the median of the interleaved rounds; "x dense" and
+"x flex" divide their time by the block-sparse kernel's. The first call's classification (the
+block ranges, cached per problem) is timed apart.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from bench_variants import _flex  # noqa: E402
 from fa3gen import block_sparsity  # noqa: E402
 from fa3gen.bench import time_cuda_ms_interleaved  # noqa: E402
 
-DOCUMENTS = dict(mask_mod={"expr": "doc(b, q_idx) == doc(b, kv_idx) && kv_idx <= q_idx"},
+DOCUMENTS = dict(causal=True, mask_mod={"expr": "doc(b, q_idx) == doc(b, kv_idx)"},
                  params=[{"kind": "tensor", "name": "doc", "ndim": 2, "dtype": "int32"}])
 PREFIX_LM = dict(mask_mod={"expr": "kv_idx <= q_idx || kv_idx < prefix(b)"},
                  params=[{"kind": "tensor", "name": "prefix", "ndim": 1, "dtype": "int32"}])

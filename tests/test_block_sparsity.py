@@ -15,8 +15,8 @@ from fa3gen.abi import FwdParams
 class Classifier:
     """Counts classifications; writes nothing (the ranges' values are the GPU test's business)."""
 
-    def __init__(self, name: str = "a") -> None:
-        self.spec = SimpleNamespace(block_m=128)
+    def __init__(self, name: str = "a", per: tuple[bool, bool] = (True, True)) -> None:
+        self.spec = SimpleNamespace(block_m=128, block_ranges_per=per)
         self.library_path = Path(f"/cache/{name}/kernel.so")
         self.calls = 0
 
@@ -72,3 +72,17 @@ def test_attach_points_the_last_tensor_slot_at_the_ranges():
     block_sparsity.attach(params, 7, ranges)
     assert params.variant.tensor_args[7] == ranges.data_ptr()
     assert list(params.variant.tensor_strides[7]) == [128, 32, 4, 1]
+
+
+def test_ranges_of_a_mask_without_b_or_h_are_classified_once_and_broadcast():
+    """A mask_mod that uses b but not h (document ids per sequence): one table per batch row, the
+    heads reading it through stride 0; neither: one table for all."""
+    block_sparsity.clear()
+    cpu, doc = torch.device("cpu"), torch.zeros(2, 1000, dtype=torch.int32)
+    per_batch = block_sparsity.block_ranges(Classifier("b", (True, False)), problem(), (doc,), cpu, 0)
+    assert per_batch.shape == (2, 4, 8, 4) and per_batch.stride()[:2] == (32, 0)
+    shared = block_sparsity.block_ranges(Classifier("c", (False, False)), problem(), (doc,), cpu, 0)
+    assert shared.shape == (2, 4, 8, 4) and shared.stride()[:2] == (0, 0)
+    params = problem()
+    block_sparsity.attach(params, 7, per_batch)
+    assert list(params.variant.tensor_strides[7]) == [32, 0, 4, 1]

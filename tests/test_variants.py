@@ -158,3 +158,7 @@ def test_block_sparse_mask_mod_specs_render_the_classifier_and_the_ranges():
     with pytest.raises(ValidationError, match="block_sparse applies to forward kernels"):
         KernelSpec(kind="bwd", head_dim=64, block_sparse=True, **DOC_WINDOW)
     assert not sparse.backward_spec().block_sparse
+    # the classifier runs per batch row only (DOC_WINDOW uses b, not h): one CTA column per batch row
+    assert sparse.block_ranges_per == (True, False)
+    assert "dim3 const grid(static_cast<unsigned>(cute::ceil_div(a->seqlen_q, int(kBlockM))), 1," in code
+    assert KernelSpec(head_dim=64, mask_mod={"expr": "kv_idx <= q_idx + h"}, block_sparse=True).block_ranges_per == (False, True)
