@@ -65,6 +65,12 @@ class CompiledKernel:
         if not self._is_fwd:
             raise self._wrong_kind("fwd()")
         err = self._lib.fa3gen_fwd(ctypes.byref(params), ctypes.c_void_p(stream or None))
+        if err != 0 and getattr(self._spec, "block_sparse", False) \
+                and not params.variant.tensor_args[self._spec.block_ranges_slot]:
+            raise RuntimeError(
+                f"fa3gen kernel {self._spec.name} is block_sparse: its launch needs the block ranges in tensor "
+                f"param slot {self._spec.block_ranges_slot} (fa3gen.block_sparsity.block_ranges, then attach; "
+                "calling the kernel on tensors, kernel(q, k, v, ...), does both)")
         if err != 0:
             raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
 

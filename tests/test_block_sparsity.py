@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from fa3gen import block_sparsity
+from fa3gen import KernelSpec, block_sparsity
 from fa3gen.abi import FwdParams
+from fa3gen.kernel import CompiledKernel
 
 
 class Classifier:
@@ -86,3 +88,17 @@ def test_ranges_of_a_mask_without_b_or_h_are_classified_once_and_broadcast():
     params = problem()
     block_sparsity.attach(params, 7, per_batch)
     assert list(params.variant.tensor_strides[7]) == [32, 0, 4, 1]
+
+
+def test_a_raw_launch_without_the_ranges_says_what_is_missing():
+    """The library refuses a block-sparse launch whose ranges slot is empty (cudaErrorInvalidValue);
+    the error names the missing ranges and how to supply them."""
+    spec = KernelSpec(head_dim=64, mask_mod={"expr": "kv_idx <= q_idx"}, block_sparse=True)
+    lib = SimpleNamespace(fa3gen_fwd_workspace_bytes=lambda: 0, fa3gen_fwd=lambda params, stream: 1)
+    kernel = CompiledKernel(spec, SimpleNamespace(), lib)
+    with pytest.raises(RuntimeError, match="is block_sparse: its launch needs the block ranges in tensor param slot 7"):
+        kernel.fwd(problem(), 0)
+    params = problem()
+    block_sparsity.attach(params, 7, torch.zeros(2, 4, 8, 4, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="failed: CUDA error 1"):
+        kernel.fwd(params, 0)
