@@ -81,8 +81,8 @@ FP8_PREPARE_ENTRY_POINTS = ("fa3gen_fp8_amax", "fa3gen_fp8_scales", "fa3gen_fp8_
 FP8_SCALE_GRANULARITY = {"block": 0, "head": 1, "tensor": 2}  # Fp8PrepareParams.granularity
 
 
-# A block_sparse forward library's classifier: (params, int32 ranges out, stream).
-BLOCK_RANGES_ENTRY_POINT = "fa3gen_fwd_block_ranges"
+# A block_sparse library's classifier, per kind: (params, int32 ranges out, stream).
+BLOCK_RANGES_ENTRY_POINTS = {"fwd": "fa3gen_fwd_block_ranges", "bwd": "fa3gen_bwd_block_ranges"}
 
 
 def bind(lib: ctypes.CDLL, kind: str = "fwd") -> ctypes.CDLL:
@@ -104,13 +104,14 @@ def bind(lib: ctypes.CDLL, kind: str = "fwd") -> ctypes.CDLL:
         lib.fa3gen_fwd_workspace_bytes.argtypes = []
         lib.fa3gen_fwd.restype = ctypes.c_int
         lib.fa3gen_fwd.argtypes = [ctypes.POINTER(FwdParams), ctypes.c_void_p]
-        if hasattr(lib, BLOCK_RANGES_ENTRY_POINT):  # block_sparse kernels only
-            entry = getattr(lib, BLOCK_RANGES_ENTRY_POINT)
-            entry.restype = ctypes.c_int
-            entry.argtypes = [ctypes.POINTER(FwdParams), ctypes.c_void_p, ctypes.c_void_p]
     else:
         lib.fa3gen_bwd_workspace_bytes.restype = ctypes.c_int64
         lib.fa3gen_bwd_workspace_bytes.argtypes = [ctypes.POINTER(BwdParams)]
         lib.fa3gen_bwd.restype = ctypes.c_int
         lib.fa3gen_bwd.argtypes = [ctypes.POINTER(BwdParams), ctypes.c_void_p]
+    classifier = BLOCK_RANGES_ENTRY_POINTS.get(kind)
+    if classifier is not None and hasattr(lib, classifier):  # block_sparse kernels only
+        entry = getattr(lib, classifier)
+        entry.restype = ctypes.c_int
+        entry.argtypes = [ctypes.POINTER(FwdParams if kind == "fwd" else BwdParams), ctypes.c_void_p, ctypes.c_void_p]
     return lib

@@ -65,24 +65,28 @@ class CompiledKernel:
         if not self._is_fwd:
             raise self._wrong_kind("fwd()")
         err = self._lib.fa3gen_fwd(ctypes.byref(params), ctypes.c_void_p(stream or None))
+        self._check_launch(err, params, "kernel(q, k, v, ...)")
+
+    def _check_launch(self, err: int, params: abi.FwdParams | abi.BwdParams, call: str) -> None:
         if err != 0 and getattr(self._spec, "block_sparse", False) \
                 and not params.variant.tensor_args[self._spec.block_ranges_slot]:
             raise RuntimeError(
                 f"fa3gen kernel {self._spec.name} is block_sparse: its launch needs the block ranges in tensor "
                 f"param slot {self._spec.block_ranges_slot} (fa3gen.block_sparsity.block_ranges, then attach; "
-                "calling the kernel on tensors, kernel(q, k, v, ...), does both)")
+                f"calling the kernel on tensors, {call}, does both)")
         if err != 0:
             raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
 
-    def block_ranges(self, params: abi.FwdParams, ranges: int, stream: int) -> None:
-        """A block_sparse forward kernel's classifier: writes the problem's key block ranges into
-        `ranges`, a device pointer to int32 (batch, nheads_q, ceil(seqlen_q / block_m), 4),
-        contiguous, with batch and nheads_q 1 where the mask_mod does not use b or h
-        (``spec.block_ranges_per``)."""
+    def block_ranges(self, params: abi.FwdParams | abi.BwdParams, ranges: int, stream: int) -> None:
+        """A block_sparse kernel's classifier: writes the problem's block ranges into `ranges`, a
+        device pointer to int32, contiguous: a forward's (batch, nheads_q, ceil(seqlen_q /
+        block_m), 4) key block ranges per query block, a backward's (batch, nheads_kv,
+        ceil(seqlen_k / block_n), 4) query block ranges per key block; batch and heads 1 where the
+        mask_mod does not use b or h (``spec.block_ranges_per``)."""
         if not getattr(self._spec, "block_sparse", False):
             raise TypeError(f"fa3gen kernel {self._spec.name} is not block_sparse: it has no block ranges")
-        err = getattr(self._lib, abi.BLOCK_RANGES_ENTRY_POINT)(ctypes.byref(params), ctypes.c_void_p(ranges),
-                                                                ctypes.c_void_p(stream or None))
+        entry = getattr(self._lib, abi.BLOCK_RANGES_ENTRY_POINTS[self.kind])
+        err = entry(ctypes.byref(params), ctypes.c_void_p(ranges), ctypes.c_void_p(stream or None))
         if err != 0:
             raise RuntimeError(f"fa3gen kernel {self._spec.name} (block ranges) failed: CUDA error {err}")
 
@@ -101,8 +105,7 @@ class CompiledKernel:
         if self.kind != "bwd":
             raise self._wrong_kind("bwd()", "bwd")
         err = self._lib.fa3gen_bwd(ctypes.byref(params), ctypes.c_void_p(stream or None))
-        if err != 0:
-            raise RuntimeError(f"fa3gen kernel {self._spec.name} failed: CUDA error {err}")
+        self._check_launch(err, params, "kernel.backward(dout, q, k, v, out, lse, ...)")
 
     def fp8_prepare(self, entry: str, params: abi.Fp8PrepareParams, stream: int) -> None:
         """Launch one fused fp8 prepare kernel (``abi.FP8_PREPARE_ENTRY_POINTS``) on `stream`."""

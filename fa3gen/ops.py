@@ -379,16 +379,23 @@ def _run_fwd(kernel: Any, params: FwdParams, variant: VariantArgs, q: torch.Tens
     stream = launch.current_stream(q.device)
     _workspace_alive = launch.attach_workspace(params, kernel.workspace_bytes, q.device, stream)
     _fill_variant(params, kernel, variant, q, k, causal)
-    spec = getattr(kernel, "spec", None)
 
     def run() -> None:
-        if spec is not None and spec.block_sparse:  # the mask_mod's block ranges first (cached per problem)
-            tensors = tuple(t for t in variant.params.values() if isinstance(t, torch.Tensor))
-            block_sparsity.attach(params, spec.block_ranges_slot,
-                                  block_sparsity.block_ranges(kernel, params, tensors, q.device, stream))
+        _attach_block_ranges(kernel, params, variant, q.device, stream)
         kernel.fwd(params, stream)
 
     _on_device(q.device, run)
+
+
+def _attach_block_ranges(kernel: Any, params: FwdParams | BwdParams, variant: VariantArgs, device: torch.device,
+                         stream: int) -> None:
+    """A block_sparse kernel's mask_mod block ranges (cached per problem) into its launch params."""
+    spec = getattr(kernel, "spec", None)
+    if spec is None or not spec.block_sparse:
+        return
+    tensors = tuple(t for t in variant.params.values() if isinstance(t, torch.Tensor))
+    block_sparsity.attach(params, spec.block_ranges_slot,
+                          block_sparsity.block_ranges(kernel, params, tensors, device, stream))
 
 
 def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any = None,
@@ -520,7 +527,12 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale: float, causa
         raise RuntimeError(f"fa3gen: the backward workspace at 0x{params.workspace:x} is not "
                            f"{_WORKSPACE_ALIGN_BYTES}-byte aligned (torch's caching allocator gives 512)")
     stream = launch.current_stream(q.device)
-    _on_device(q.device, lambda: kernel.bwd(params, stream))
+
+    def run() -> None:
+        _attach_block_ranges(kernel, params, variant, q.device, stream)
+        kernel.bwd(params, stream)
+
+    _on_device(q.device, run)
 
 
 def _backward_impl(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool = False,

@@ -466,7 +466,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "v_transpose_in_kernel": lambda f: False,
     "row_sums_mma": lambda f: _row_sums_mma_default(f) if f["kind"] == "fwd" else None,
     "kv_factors_in_smem": lambda f: _kv_factors_in_smem_default(f) if f["kind"] == "fwd" else None,
-    "block_sparse": lambda f: False if f["kind"] == "fwd" else None,
+    "block_sparse": lambda f: False,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -725,12 +725,13 @@ class KernelSpec(BaseModel):
     # L2 under their GEMMs (per-block scales measured 1.4-8% under one factor per (batch, head),
     # H200 2026-12-03), the serial loop instead of its lanes' loads a block ahead. None: off.
     kv_factors_in_smem: bool | None = None
-    # Block sparsity for a mask_mod (forward): before the first launch for a problem (shapes and
-    # param values), a generated kernel classifies each (query block, key block) pair as empty,
-    # partial or full, reduced per query block to the visible key blocks [begin, end) and the
-    # longest run of full ones; the forward visits only that range and evaluates the mask_mod only
-    # outside the full run. The ranges are cached per problem (fa3gen.block_sparsity) and travel in
-    # the last tensor param slot (BLOCK_RANGES_SLOT). None: off (not yet timed on a GPU).
+    # Block sparsity for a mask_mod: before the first launch for a problem (shapes and param
+    # values), a generated kernel classifies each (query block, key block) pair as empty, partial or
+    # full, reduced per tile to the blocks it visits and the longest run of full ones: a forward
+    # tile's key blocks, a backward tile's query blocks (of every query head of its kv head). The
+    # kernel visits only that range and evaluates the mask_mod only outside the full run. The
+    # ranges are cached per problem (fa3gen.block_sparsity) and travel in the last tensor param slot
+    # (BLOCK_RANGES_SLOT). A forward's backward_spec() keeps it. None: off (not yet timed on a GPU).
     block_sparse: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
@@ -902,7 +903,7 @@ class KernelSpec(BaseModel):
                                ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
                                ("scheduler", scheduler), ("epilogue", "direct"),
                                ("kv_registers", _bwd_kv_registers_default(data)),
-                               ("dq_deferred", _bwd_dq_deferred_default(data))):
+                               ("dq_deferred", _bwd_dq_deferred_default(data)), ("block_sparse", False)):
             if data.get(field) is None:
                 data[field] = default
         # In order, each default from the fields filled before it (dq_deferred and the scheduler above).
@@ -1000,7 +1001,7 @@ class KernelSpec(BaseModel):
             raise ValueError(f"causal_group={self.causal_group} orders a causal backward's key blocks; this spec is "
                              "not causal (its key blocks run in order): leave it unset")
         for name in ("q_registers", "pin_pv_wait", "warpgroup_key_trim", "narrow_edge_block", "row_sums_mma",
-                     "kv_factors_in_smem", "block_sparse"):
+                     "kv_factors_in_smem"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to forward kernels; leave it unset for kind='bwd'")
         # The step layouts these fields change exist only with the keys split: why not otherwise.
@@ -1025,6 +1026,11 @@ class KernelSpec(BaseModel):
             raise ValueError(f"a backward kernel with score_mod {self.score_mod.expr!r} needs score_mod.grad, its "
                              "derivative d(score_mod)/d(score) as an expression of the same names "
                              "(e.g. '1' for an additive bias)")
+        if self.block_sparse:
+            self._check_block_sparse()
+            if self.deterministic:
+                raise ValueError("deterministic adds a query block's dQ in the order of the key blocks of its band; "
+                                 "with block_sparse a key block may skip it: use block_sparse=False")
         if self.smem_bytes > SMEM_BUDGET_BYTES:
             raise ValueError(f"backward shared memory {self.smem_bytes} B exceeds the {SMEM_BUDGET_BYTES} B budget "
                              f"(K, V {bn}x{d}, {self.stages} stages of Q, dO {bm}x{d}, dS): lower stages")
@@ -1129,10 +1135,13 @@ class KernelSpec(BaseModel):
 
     def backward_spec(self, **changes: Any) -> KernelSpec:
         """The spec of this forward kernel's backward: the same problem (head dims, dtype, causal)
-        and variants, with the backward's tiles (or `changes`, e.g. deterministic=True)."""
+        and variants, with the backward's tiles (or `changes`, e.g. deterministic=True). It keeps
+        block_sparse, except with deterministic=True (whose dQ order needs every key block of a
+        query block's band)."""
         if self.kind != "fwd":
             raise ValueError(f"backward_spec() is the backward of a forward spec; {self.name} is kind={self.kind!r}")
         same = {name: getattr(self, name) for name in _PROBLEM_FIELDS}
+        same["block_sparse"] = self.block_sparse and not changes.get("deterministic")
         return KernelSpec(kind="bwd", **{**same, **changes})
 
     @property
@@ -1274,6 +1283,7 @@ class KernelSpec(BaseModel):
             sched += "_dq1" if self.dq_single_warpgroup else ""
             sched += f"_p{self.producer_registers}" if self.producer_registers != BWD_PRODUCER_REGISTERS_DEFAULT else ""
             sched += "_kvp" if self.kv_prefetch else ""
+            sched += "_bsp" if self.block_sparse else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod")) if on)

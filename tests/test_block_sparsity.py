@@ -17,8 +17,8 @@ from fa3gen.kernel import CompiledKernel
 class Classifier:
     """Counts classifications; writes nothing (the ranges' values are the GPU test's business)."""
 
-    def __init__(self, name: str = "a", per: tuple[bool, bool] = (True, True)) -> None:
-        self.spec = SimpleNamespace(block_m=128, block_ranges_per=per)
+    def __init__(self, name: str = "a", per: tuple[bool, bool] = (True, True), kind: str = "fwd") -> None:
+        self.spec = SimpleNamespace(kind=kind, block_m=128, block_n=176, block_ranges_per=per)
         self.library_path = Path(f"/cache/{name}/kernel.so")
         self.calls = 0
 
@@ -88,6 +88,18 @@ def test_ranges_of_a_mask_without_b_or_h_are_classified_once_and_broadcast():
     params = problem()
     block_sparsity.attach(params, 7, per_batch)
     assert list(params.variant.tensor_strides[7]) == [32, 0, 4, 1]
+
+
+def test_backward_ranges_are_per_key_block_and_kv_head():
+    """A backward kernel's tiles are key blocks of a kv head: (batch, nheads_kv, ceil(seqlen_k /
+    block_n), 4), and a problem of its own beside the forward's."""
+    block_sparsity.clear()
+    cpu, doc = torch.device("cpu"), torch.zeros(2, 1000, dtype=torch.int32)
+    bwd = Classifier("bwd", (True, True), kind="bwd")
+    ranges = block_sparsity.block_ranges(bwd, problem(), (doc,), cpu, 0)
+    assert ranges.shape == (2, 2, 6, 4) and ranges.is_contiguous()
+    assert block_sparsity.block_ranges(Classifier("fwd"), problem(), (doc,), cpu, 0).shape == (2, 4, 8, 4)
+    assert len(block_sparsity._cache) == 2 and bwd.calls == 1
 
 
 def test_a_raw_launch_without_the_ranges_says_what_is_missing():

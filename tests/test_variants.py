@@ -133,8 +133,8 @@ def test_block_sparse_mask_mod_specs_render_the_classifier_and_the_ranges():
     """block_sparse (opt-in, absent from the canonical JSON when off): the forward library gains the
     classifier kernel and its C entry point; every tile's key range (producer and consumers alike)
     comes from the ranges in the last tensor param slot, and the mask_mod runs only on the blocks
-    outside the full run (or ragged, or on a causal edge). Refused without a mask_mod, with all
-    tensor slots taken, and for the backward (whose spec drops it)."""
+    outside the full run (or ragged, or on a causal edge). Refused without a mask_mod and with all
+    tensor slots taken. (The backward's: the next test.)"""
     dense = KernelSpec(head_dim=64, **DOC_WINDOW)
     sparse = KernelSpec(head_dim=64, block_sparse=True, **DOC_WINDOW)
     assert not dense.block_sparse and "block_sparse" not in dense.canonical_json()
@@ -155,10 +155,33 @@ def test_block_sparse_mask_mod_specs_render_the_classifier_and_the_ranges():
     tensors = [{"kind": "tensor", "name": f"t{i}", "ndim": 1, "dtype": "int32"} for i in range(8)]
     with pytest.raises(ValidationError, match="at most 7 tensor params"):
         KernelSpec(head_dim=64, mask_mod={"expr": "t0(q_idx) == t7(kv_idx)"}, params=tensors, block_sparse=True)
-    with pytest.raises(ValidationError, match="block_sparse applies to forward kernels"):
-        KernelSpec(kind="bwd", head_dim=64, block_sparse=True, **DOC_WINDOW)
-    assert not sparse.backward_spec().block_sparse
     # the classifier runs per batch row only (DOC_WINDOW uses b, not h): one CTA column per batch row
     assert sparse.block_ranges_per == (True, False)
     assert "dim3 const grid(static_cast<unsigned>(cute::ceil_div(a->seqlen_q, int(kBlockM))), 1," in code
     assert KernelSpec(head_dim=64, mask_mod={"expr": "kv_idx <= q_idx + h"}, block_sparse=True).block_ranges_per == (False, True)
+
+
+def test_block_sparse_backward_renders_query_block_ranges():
+    """A block_sparse forward's backward_spec() keeps it: the backward library gains its classifier
+    (per key block and kv head, over query blocks) and every tile's query block range (producer,
+    consumers, dQ writer) comes from the ranges, with the mask_mod per entry only outside the full
+    run. Not with deterministic (its dQ order counts every key block of a query block's band)."""
+    sparse = KernelSpec(head_dim=64, block_sparse=True, **DOC_WINDOW).backward_spec()
+    dense = KernelSpec(head_dim=64, **DOC_WINDOW).backward_spec()
+    assert sparse.block_sparse and sparse.name == dense.name + "_bsp" and "block_sparse" not in dense.canonical_json()
+    code, plain = render(sparse), render(dense)
+    assert 'extern "C" int fa3gen_bwd_block_ranges(const Fa3genBwdParams* a, int32_t* ranges, void* stream)' in code
+    assert "dim3 const grid(static_cast<unsigned>(cute::ceil_div(a->seqlen_k, int(kBlockN))), 1," in code
+    assert f"a->variant.tensor_args[{sparse.block_ranges_slot}] == nullptr" in code
+    assert code.count("= query_block_range(p, t);") == 2 and "query_block_range(p, TileCoordinates{n_block, head_kv, batch})" in code
+    assert code.count("query_block_range(p, t.n_block)") == 1  # the sparse lookup's static bounds
+    assert "|| m_block < blocks.full_begin || m_block >= blocks.full_end;" in code
+    assert "block_ranges" not in plain and "query_block_range(p, t.n_block)" in plain
+    # a mask_mod using h: one classifier CTA per kv head, over its group's query heads
+    per_head = KernelSpec(head_dim=64, mask_mod={"expr": "kv_idx <= q_idx + h"}, block_sparse=True).backward_spec()
+    assert "static_cast<unsigned>(a->nheads_kv)" in render(per_head)
+    assert not KernelSpec(head_dim=64, block_sparse=True, **DOC_WINDOW).backward_spec(deterministic=True).block_sparse
+    with pytest.raises(ValidationError, match="deterministic adds a query block's dQ"):
+        KernelSpec(kind="bwd", head_dim=64, deterministic=True, block_sparse=True, **DOC_WINDOW)
+    with pytest.raises(ValidationError, match="block_sparse classifies key blocks by the spec's mask_mod"):
+        KernelSpec(kind="bwd", head_dim=64, causal=True, block_sparse=True)
