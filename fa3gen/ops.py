@@ -420,7 +420,7 @@ def _fill_variant(params: FwdParams | BwdParams, kernel: Any, variant: VariantAr
     spec = getattr(kernel, "spec", None)
     if spec is not None:
         variant.check(spec)
-        variant.check_tensors(spec, q)
+        variant.check_tensors(spec, q, k)
         variant.fill(params.variant, spec, causal, q.shape[1], k.shape[1])
 
 
@@ -704,6 +704,11 @@ def flash_attn_func(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
+    *,
+    document_ids: torch.Tensor | None = None,
+    prefix_lengths: torch.Tensor | None = None,
+    variant_spec: Any = None,
+    variant_params: dict[str, Any] | None = None,
 ):
     """FlashAttention-3-style attention on Hopper, differentiable.
 
@@ -723,6 +728,15 @@ def flash_attn_func(
         deterministic: the backward adds the dQ contributions of the key blocks in a fixed order,
             so gradients are bit-identical run to run (somewhat slower). The forward is always
             deterministic.
+        document_ids: int32 (batch, seqlen), packed sequences (seqlen_q == seqlen_k): query i
+            sees key j only where document_ids[b, i] == document_ids[b, j] (with causal, the
+            window and the others); key blocks of other documents are skipped.
+        prefix_lengths: int32 (batch,), prefix-LM: query i sees key j iff j < prefix_lengths[b]
+            or j <= i + sk - sq (causal after the prefix, whatever `causal` says).
+        variant_spec: a forward ``KernelSpec`` with custom variants (score_mod, mask_mod, ...),
+            whose kernel runs this call; it decides causal (causal=True needs a causal spec) and
+            must match q's dtype and head dims. Its built-ins take their values from the
+            arguments above, its params from ``variant_params`` (a dict by name).
 
     Returns:
         out (batch, seqlen_q, nheads_q, head_dim_v) in q's dtype, or (out, lse) with lse
@@ -734,8 +748,19 @@ def flash_attn_func(
     Gradients: ``out.backward(...)`` / ``torch.autograd.grad`` give dq, dk, dv through the
     backward kernels (head_dim_v == head_dim), with the same causal mask and variants as the
     forward (window_size, softcap, alibi_slopes; no gradient for the slopes). A nonzero gradient
-    flowing into lse raises NotImplementedError (eager mode).
+    flowing into lse raises NotImplementedError (eager mode). With ``document_ids``,
+    ``prefix_lengths`` or ``variant_spec`` the call runs a spec's kernels through a
+    torch.autograd.Function (fa3gen.spec_attention: a graph break under torch.compile), the
+    backward's kernel from ``spec.backward_spec()``; their param tensors get no gradient.
     """
+    if variant_spec is not None or document_ids is not None or prefix_lengths is not None or variant_params:
+        from .spec_attention import call_params, spec_attention
+
+        variant = VariantArgs(tuple(window_size), softcap, alibi_slopes,
+                              call_params(document_ids, prefix_lengths, variant_params))
+        variant.check()
+        out, lse = spec_attention(q, k, v, softmax_scale, causal, variant, variant_spec, deterministic)
+        return (out, lse) if return_lse else out
     eager = _eager_fast_path(q, k, v, alibi_slopes)
     plan_key = launch.plan_key(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes) if eager else None
     if (result := launch.run_planned(plan_key, q, k, v)) is not None:

@@ -236,7 +236,7 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
     """q_registers when unset, from a forward spec's raw fields."""
     d = fields.get("head_dim")
     dtype = str(fields.get("dtype", "bf16"))
-    custom = fields.get("score_mod") is not None or fields.get("mask_mod") is not None
+    custom = fields.get("score_mod") is not None or _has_mask(fields)
     built_in = sum(bool(fields.get(name)) for name in ("window", "softcap", "alibi"))
     measured = not custom and built_in <= (0 if dtype == "e4m3" else 1)
     max_block_n = Q_REGISTERS_MAX_BLOCK_N.get(dtype)
@@ -284,6 +284,28 @@ KV_FACTORS_IN_SMEM_DEFAULT = False
 # The tensor param slot (Fa3genVariantParams.tensor_args) that carries a block-sparse kernel's
 # block ranges (block_sparse): the last one.
 BLOCK_RANGES_SLOT = MAX_TENSOR_ARGS - 1
+# Built-in masks whose values come per call in a tensor: each compiles in as a mask expression over
+# its tensor param (all masks must show an element: the built-ins', the custom mask_mod's, causal,
+# the window). documents: packed sequences, a query sees the keys of its own document only
+# (document_ids (batch, seqlen) int32; seqlen_q == seqlen_k). prefix_lm: every query sees the
+# prefix_lengths[b] first keys, and causally after them (bottom-right aligned, like causal).
+BUILT_IN_MASKS: dict[str, tuple[TensorParam, str]] = {
+    "documents": (TensorParam(name="document_ids", ndim=2, dtype="int32"),
+                  "document_ids(b, q_idx) == document_ids(b, kv_idx)"),
+    "prefix_lm": (TensorParam(name="prefix_lengths", ndim=1, dtype="int32"),
+                  "kv_idx <= q_idx + seqlen_k - seqlen_q || kv_idx < prefix_lengths(b)"),
+}
+
+
+def _has_mask(fields: dict[str, Any]) -> bool:
+    """A spec's raw fields compile in a per-element mask expression (a mask_mod or a built-in one)."""
+    return fields.get("mask_mod") is not None or any(fields.get(name) for name in BUILT_IN_MASKS)
+
+
+def _block_sparse_default(fields: dict[str, Any]) -> bool:
+    """block_sparse when unset: with the built-in masks, whose blocks depend on their tensors (a
+    custom mask_mod opts in; not yet timed on a GPU)."""
+    return any(fields.get(name) for name in BUILT_IN_MASKS)
 
 
 def _plain_16bit_of(fields: dict[str, Any], head_dims: tuple[int, ...]) -> bool:
@@ -378,7 +400,7 @@ BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS = (64, 96)
 # softcap 350.3 -> 354.9, 431.1 -> 448.3, 463.7 -> 486.2. ALiBi tied (529.8 -> 527.2 at s16k), and
 # the custom mods were not measured: those keep the dQ split over both warpgroups.
 BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS = (128,)
-_BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT = ("alibi", "score_mod", "mask_mod")
+_BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT = ("alibi", "score_mod", "mask_mod", "documents", "prefix_lm")
 # Backward kernels of these head dims that run each step's dQ in one warpgroup at the step's end
 # give the producer warpgroup 24 registers and their consumers 240: the 64 fp32 of the dQ
 # accumulator beside dK's and dV's 128 then leave the step loop without spills (the causal kernel
@@ -429,7 +451,7 @@ def _bwd_dq_single_warpgroup_default(fields: dict[str, Any]) -> bool:
     head_dim, deferred = fields.get("head_dim"), fields.get("dq_deferred")
     if head_dim in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS:
         # Not with ALiBi or a mask_mod (unmeasured there, and their hdim 64 kernels spill 12-24 B with it).
-        return deferred is True and not fields.get("alibi") and fields.get("mask_mod") is None
+        return deferred is True and not fields.get("alibi") and not _has_mask(fields)
     measured = not any(fields.get(name) for name in _BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT)
     return head_dim in BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS and measured and deferred is False and _bwd_keys_split(fields)
 
@@ -466,12 +488,14 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "v_transpose_in_kernel": lambda f: False,
     "row_sums_mma": lambda f: _row_sums_mma_default(f) if f["kind"] == "fwd" else None,
     "kv_factors_in_smem": lambda f: _kv_factors_in_smem_default(f) if f["kind"] == "fwd" else None,
-    "block_sparse": lambda f: False,
+    "block_sparse": _block_sparse_default,
+    "documents": lambda f: False,
+    "prefix_lm": lambda f: False,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
-_VARIANT_FIELDS = ("window", "softcap", "alibi", "score_mod", "mask_mod")
+_VARIANT_FIELDS = ("window", "softcap", "alibi", "score_mod", "mask_mod", *BUILT_IN_MASKS)
 _PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", *_VARIANT_FIELDS, "params")
 
 
@@ -763,6 +787,10 @@ class KernelSpec(BaseModel):
     score_mod: ScoreMod | None = None
     mask_mod: MaskMod | None = None
     params: tuple[Param, ...] = ()
+    # Built-in masks (BUILT_IN_MASKS), values per call: documents (document_ids), prefix_lm
+    # (prefix_lengths). They turn block_sparse on by default (their blocks depend on the values).
+    documents: bool = False
+    prefix_lm: bool = False
 
     @field_validator("head_dim_v")
     @classmethod
@@ -817,7 +845,7 @@ class KernelSpec(BaseModel):
                 nwg = data.get("num_consumer_warpgroups")
                 # Per-element variant code (ALiBi, score_mod, mask_mod) needs the registers of two
                 # consumer warpgroups (232 each): with three (160 each) hdim 64 spilled 124-176 B.
-                per_element = data.get("alibi") or data.get("score_mod") or data.get("mask_mod")
+                per_element = data.get("alibi") or data.get("score_mod") or _has_mask(data)
                 if per_element and bm > 2 * WGMMA_M and not isinstance(nwg, int):
                     bm = 2 * WGMMA_M
                 data["block_m"] = WGMMA_M * nwg if isinstance(nwg, int) else bm
@@ -869,7 +897,7 @@ class KernelSpec(BaseModel):
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
             # without a custom score_mod or mask_mod (PINGPONG_DEFAULT).
-            custom = data.get("score_mod") is not None or data.get("mask_mod") is not None
+            custom = data.get("score_mod") is not None or _has_mask(data)
             data["pingpong"] = data.get("num_consumer_warpgroups") == 2 and (
                 data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not custom))
         if data.get("warpgroup_key_trim") is None:
@@ -881,7 +909,7 @@ class KernelSpec(BaseModel):
         if data.get("kv_factors_in_smem") is None:
             data["kv_factors_in_smem"] = _kv_factors_in_smem_default(data)
         if data.get("block_sparse") is None:
-            data["block_sparse"] = False
+            data["block_sparse"] = _block_sparse_default(data)
         return data
 
     @classmethod
@@ -903,7 +931,8 @@ class KernelSpec(BaseModel):
                                ("lazy_rescale", False), ("row_reduce_chains", 1), ("pingpong", False),
                                ("scheduler", scheduler), ("epilogue", "direct"),
                                ("kv_registers", _bwd_kv_registers_default(data)),
-                               ("dq_deferred", _bwd_dq_deferred_default(data)), ("block_sparse", False)):
+                               ("dq_deferred", _bwd_dq_deferred_default(data)),
+                               ("block_sparse", _block_sparse_default(data))):
             if data.get(field) is None:
                 data[field] = default
         # In order, each default from the fields filled before it (dq_deferred and the scheduler above).
@@ -931,7 +960,8 @@ class KernelSpec(BaseModel):
             raise ValueError("dtype='e4m3' is forward-only: there is no FP8 backward kernel (train in bf16/fp16)")
         unsupported = [name for name, on in (("softcap", self.softcap), ("alibi", self.alibi),
                                              ("score_mod", self.score_mod is not None),
-                                             ("mask_mod", self.mask_mod is not None)) if on]
+                                             ("mask_mod", self.mask_mod is not None),
+                                             *((name, getattr(self, name)) for name in BUILT_IN_MASKS)) if on]
         if unsupported:
             raise ValueError(f"dtype='e4m3' supports causal and window masks only, not {', '.join(unsupported)}")
         assert self.block_n is not None
@@ -959,13 +989,14 @@ class KernelSpec(BaseModel):
             raise ValueError("narrow_edge_block needs " + "; ".join(why))
 
     def _check_block_sparse(self) -> None:
-        if self.mask_mod is None:
+        if self.mask_expr is None:
             raise ValueError("block_sparse classifies key blocks by the spec's mask_mod: it needs one (causal and "
                              "window kernels skip their hidden blocks without it)")
-        tensors = sum(isinstance(p, TensorParam) for p in self.params)
+        tensors = sum(isinstance(p, TensorParam) for p in self.variant_params)
         if tensors > BLOCK_RANGES_SLOT:
             raise ValueError(f"block_sparse takes the last of the {BLOCK_RANGES_SLOT + 1} tensor param slots for its "
-                             f"block ranges: at most {BLOCK_RANGES_SLOT} tensor params, got {tensors}")
+                             f"block ranges: at most {BLOCK_RANGES_SLOT} tensor params (the built-in masks' "
+                             f"included), got {tensors}")
 
     def _check_o_in_v(self) -> None:
         assert self.block_m and self.block_n and self.head_dim_v and self.stages
@@ -1036,7 +1067,14 @@ class KernelSpec(BaseModel):
                              f"(K, V {bn}x{d}, {self.stages} stages of Q, dO {bm}x{d}, dS): lower stages")
 
     def _check_expressions(self) -> None:
-        check_params(self.params)
+        if self.prefix_lm and self.causal:
+            raise ValueError("prefix_lm is causal after its prefix by itself; leave causal=False (causal would hide "
+                             "the prefix's keys right of the diagonal)")
+        for name, (param, _) in BUILT_IN_MASKS.items():
+            if getattr(self, name) and any(p.name == param.name for p in self.params):
+                raise ValueError(f"{name}=True passes its values as the tensor {param.name!r}: a declared param "
+                                 "may not take that name")
+        check_params(self.variant_params)
         if self.score_mod is not None:
             check_expression(self.score_mod.expr, "score_mod", self.params, allow_score=True)
             if self.score_mod.grad is not None:
@@ -1203,12 +1241,27 @@ class KernelSpec(BaseModel):
         return self.softcap or self.alibi or self.score_mod is not None
 
     @property
+    def variant_params(self) -> tuple[Param, ...]:
+        """The declared params, then the tensors of the built-in masks that are on."""
+        return self.params + tuple(param for name, (param, _) in BUILT_IN_MASKS.items() if getattr(self, name))
+
+    @property
+    def mask_expr(self) -> str | None:
+        """The kernel's mask expression: the built-in masks' and the mask_mod's, all of which must
+        show an element (None: no per-element mask beyond causal and the window)."""
+        parts = [expr for name, (_, expr) in BUILT_IN_MASKS.items() if getattr(self, name)]
+        parts += [self.mask_mod.expr] if self.mask_mod is not None else []
+        if len(parts) <= 1:
+            return parts[0] if parts else None
+        return " && ".join(f"({part})" for part in parts)
+
+    @property
     def param_slots(self) -> tuple[tuple[Param, str, int], ...]:
         """Each param with where the ABI carries it: the array (float_args, int_args or
         tensor_args) and its slot there, in declaration order."""
         counters: dict[str, int] = {}
         slots = []
-        for param in self.params:
+        for param in self.variant_params:
             if isinstance(param, ScalarParam):
                 array = "float_args" if param.dtype == "float32" else "int_args"
             else:
@@ -1222,7 +1275,7 @@ class KernelSpec(BaseModel):
         """Whether a block_sparse kernel's ranges differ per batch and per head: only where its
         mask_mod uses b and h (a mask of document ids indexed by b alone is classified once for
         all heads, and broadcast)."""
-        used = names_used(self.mask_mod.expr) if self.mask_mod is not None else frozenset()
+        used = names_used(self.mask_expr) if self.mask_expr is not None else frozenset()
         return "b" in used, "h" in used
 
     @property
@@ -1286,7 +1339,8 @@ class KernelSpec(BaseModel):
             sched += "_bsp" if self.block_sparse else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
                                               (self.score_mod is not None, "_smod"),
-                                              (self.mask_mod is not None, "_mmod")) if on)
+                                              (self.mask_mod is not None, "_mmod"), (self.documents, "_doc"),
+                                              (self.prefix_lm, "_plm")) if on)
         return (
             f"{self.kind}_{dims}_{self.dtype}{self._out_tag}{mask}{variant}_m{self.block_m}n{self.block_n}s{self.stages}{sched}"
         )

@@ -47,13 +47,13 @@ class VariantArgs:
                                  ("alibi_slopes", self.alibi_slopes is not None, spec.alibi)):
             if has != wants:
                 raise ValueError(f"fa3gen: kernel {spec.name} {'needs' if wants else 'does not take'} {name}")
-        declared = {p.name for p in spec.params}
+        declared = {p.name for p in spec.variant_params}
         missing, unknown = sorted(declared - set(self.params)), sorted(set(self.params) - declared)
         if missing or unknown:
             raise ValueError(f"fa3gen: kernel {spec.name} takes params {sorted(declared)}; "
                              f"missing {missing}, unknown {unknown}")
 
-    def check_tensors(self, spec: KernelSpec, q: torch.Tensor) -> None:
+    def check_tensors(self, spec: KernelSpec, q: torch.Tensor, k: torch.Tensor) -> None:
         """Devices, dtypes and shapes of the tensors (alibi slopes, tensor params)."""
         b, _, hq, _ = q.shape
         if self.alibi_slopes is not None:
@@ -63,7 +63,8 @@ class VariantArgs:
             if tuple(s.shape) not in ((hq,), (b, hq)) or s.stride(-1) != 1:
                 raise ValueError(f"fa3gen: alibi_slopes must have shape ({hq},) or ({b}, {hq}) with a "
                                  f"contiguous last dim, got shape {tuple(s.shape)} strides {s.stride()}")
-        for param in spec.params:
+        self._check_built_in_masks(spec, q, k)
+        for param in spec.variant_params:
             value = self.params[param.name]
             if isinstance(param, ScalarParam):
                 kind = float if param.dtype == "float32" else int
@@ -77,6 +78,23 @@ class VariantArgs:
                        else type(value).__name__)
                 raise ValueError(f"fa3gen: param {param.name} must be a {param.ndim}-d {want} tensor on "
                                  f"{q.device}, got {got}")
+
+    def _check_built_in_masks(self, spec: KernelSpec, q: torch.Tensor, k: torch.Tensor) -> None:
+        """The built-in masks' tensors cover the indices the kernel reads (a custom param's bounds
+        are its expression's business)."""
+        b, sq = q.shape[0], q.shape[1]
+        if spec.documents:
+            if k.shape[1] != sq:
+                raise ValueError(f"fa3gen: documents (packed sequences) index queries and keys by the same document "
+                                 f"ids: seqlen_q must equal seqlen_k, got {sq} and {k.shape[1]}")
+            ids = self.params["document_ids"]
+            if isinstance(ids, torch.Tensor) and tuple(ids.shape) != (b, sq):
+                raise ValueError(f"fa3gen: document_ids must have shape (batch, seqlen) = ({b}, {sq}), got "
+                                 f"{tuple(ids.shape)} (a batch row's ids may be shared: ids.expand({b}, -1))")
+        if spec.prefix_lm:
+            lengths = self.params["prefix_lengths"]
+            if isinstance(lengths, torch.Tensor) and tuple(lengths.shape) != (b,):
+                raise ValueError(f"fa3gen: prefix_lengths must have shape (batch,) = ({b},), got {tuple(lengths.shape)}")
 
     def fill(self, p: VariantParams, spec: KernelSpec, causal: bool, seqlen_q: int, seqlen_k: int) -> None:
         """Writes the values into the ABI struct (unbounded window sides become sq + sk)."""

@@ -90,12 +90,12 @@ def test_variant_args_must_match_the_spec():
         VariantArgs(softcap=-1.0).check()
     q = torch.zeros(1, 8, 2, 64)
     with pytest.raises(ValueError, match="param window is a int32 scalar"):
-        VariantArgs((16, 0), params={"doc": doc, "window": 4.5}).check_tensors(spec, q)
+        VariantArgs((16, 0), params={"doc": doc, "window": 4.5}).check_tensors(spec, q, q)
     with pytest.raises(ValueError, match="param doc must be a 2-d torch.int32 tensor"):
-        VariantArgs((16, 0), params={"doc": doc.float(), "window": 4}).check_tensors(spec, q)
+        VariantArgs((16, 0), params={"doc": doc.float(), "window": 4}).check_tensors(spec, q, q)
     alibi = KernelSpec(head_dim=64, alibi=True)
     with pytest.raises(ValueError, match=r"alibi_slopes must have shape \(2,\) or \(1, 2\)"):
-        VariantArgs(alibi_slopes=torch.zeros(3)).check_tensors(alibi, q)
+        VariantArgs(alibi_slopes=torch.zeros(3)).check_tensors(alibi, q, q)
 
 
 def test_reference_variants_agree_with_their_definitions():
@@ -185,3 +185,36 @@ def test_block_sparse_backward_renders_query_block_ranges():
         KernelSpec(kind="bwd", head_dim=64, deterministic=True, block_sparse=True, **DOC_WINDOW)
     with pytest.raises(ValidationError, match="block_sparse classifies key blocks by the spec's mask_mod"):
         KernelSpec(kind="bwd", head_dim=64, causal=True, block_sparse=True)
+
+
+def test_built_in_masks_compile_in_as_mask_expressions_over_their_tensors():
+    """documents and prefix_lm: a mask expression over their tensor param each (after the declared
+    params' slots), joined with a custom mask_mod; block_sparse on by default (their blocks depend
+    on the tensors), kept by the backward; left out of the canonical JSON when off."""
+    docs = KernelSpec(head_dim=64, causal=True, documents=True)
+    assert docs.block_sparse and "_causal_doc_" in docs.name and docs.name.endswith("_bsp")
+    assert docs.backward_spec().documents and docs.backward_spec().block_sparse
+    assert "documents" not in KernelSpec(head_dim=64).canonical_json()
+    assert docs.mask_expr == "document_ids(b, q_idx) == document_ids(b, kv_idx)"
+    code = render(docs)
+    assert "return bool(document_ids(b, q_idx) == document_ids(b, kv_idx));" in code
+    assert "fa3gen::TensorArg<int, 2> const document_ids{" in code and "block_ranges_kernel" in code
+    assert docs.block_ranges_per == (True, False)
+    both = KernelSpec(head_dim=64, documents=True, prefix_lm=True, mask_mod={"expr": "kv_idx % 2 == 0"},
+                      params=[{"kind": "tensor", "name": "bias", "ndim": 1}, {"kind": "scalar", "name": "x"}])
+    assert both.mask_expr == ("(document_ids(b, q_idx) == document_ids(b, kv_idx)) && (kv_idx <= q_idx + seqlen_k - "
+                              "seqlen_q || kv_idx < prefix_lengths(b)) && (kv_idx % 2 == 0)")
+    slots = {param.name: (array, slot) for param, array, slot in both.param_slots}
+    assert slots == {"bias": ("tensor_args", 0), "x": ("float_args", 0), "document_ids": ("tensor_args", 1),
+                     "prefix_lengths": ("tensor_args", 2)}
+    assert not KernelSpec(head_dim=64, prefix_lm=True, block_sparse=False).block_sparse  # opt out
+    with pytest.raises(ValidationError, match="prefix_lm is causal after its prefix by itself"):
+        KernelSpec(head_dim=64, causal=True, prefix_lm=True)
+    with pytest.raises(ValidationError, match="documents=True passes its values as the tensor 'document_ids'"):
+        KernelSpec(head_dim=64, documents=True, mask_mod={"expr": "document_ids(q_idx) > 0"},
+                   params=[{"kind": "tensor", "name": "document_ids", "ndim": 1, "dtype": "int32"}])
+    with pytest.raises(ValidationError, match="not documents"):
+        KernelSpec(head_dim=128, dtype="e4m3", documents=True)
+    tensors = [{"kind": "tensor", "name": f"t{i}", "ndim": 1, "dtype": "int32"} for i in range(7)]
+    with pytest.raises(ValidationError, match="at most 7 tensor params"):
+        KernelSpec(head_dim=64, documents=True, mask_mod={"expr": "t0(q_idx) == t6(kv_idx)"}, params=tensors)

@@ -1,0 +1,98 @@
+"""Differentiable attention with any forward spec's kernels: ``flash_attn_func``'s path for a
+custom variant spec (``variant_spec=`` with ``variant_params=``) and for the built-in masks that
+take a tensor (``document_ids=``, ``prefix_lengths=``), whose kernels the registry does not hold.
+
+The forward runs ``fa3gen.compile(spec)``; the first backward compiles ``spec.backward_spec()``
+(its deterministic version with deterministic=True). A ``torch.autograd.Function`` rather than a
+registered op: its params are a spec's, any names and types, so ``torch.compile`` sees a graph
+break here. Param tensors (document ids, a bias) get no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from . import ops
+from .spec import KernelSpec
+from .variant_args import VariantArgs
+
+
+class _SpecAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, kernel, softmax_scale: float, variant: VariantArgs, deterministic: bool):
+        out, lse = ops._forward_impl(q, k, v, softmax_scale, kernel.spec.causal, kernel, variant, meta_checked=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.kernel, ctx.softmax_scale, ctx.variant, ctx.deterministic = kernel, softmax_scale, variant, deterministic
+        ctx.set_materialize_grads(False)  # an unused lse gets no gradient (None), not a tensor of zeros
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dlse is not None and ops._is_concrete(dlse) and bool(dlse.ne(0).any()):
+            raise NotImplementedError(ops._LSE_GRAD_UNSUPPORTED)
+        nones = (None,) * 4  # kernel, softmax_scale, variant, deterministic
+        if dout is None:
+            if dlse is None:
+                return (None, None, None, *nones)
+            dout = torch.zeros_like(out)
+        spec = ctx.kernel.spec
+        bwd_kernel = ops._compile_fn()(spec.backward_spec(deterministic=ctx.deterministic))
+        dq, dk, dv = ops._backward_impl(ops._in_kernel_layout(dout), q, k, v, out, lse, ctx.softmax_scale,
+                                        spec.causal, ctx.deterministic, bwd_kernel, variant=ctx.variant)
+        return (dq, dk, dv, *nones)
+
+
+def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantArgs,
+              variant_spec: KernelSpec | None) -> KernelSpec:
+    """The forward spec of a call: the caller's variant spec (which decides causal), or the
+    default spec of the inputs with the built-in variants and masks the call gives values for."""
+    if variant_spec is None:
+        from .registry import default_spec
+
+        prefix_lm = "prefix_lengths" in variant.params  # causal after the prefix by itself
+        return default_spec(q.shape[-1], v.shape[-1], ops._DTYPES[q.dtype], causal and not prefix_lm,
+                            window=variant.window, softcap=variant.softcap > 0,
+                            alibi=variant.alibi_slopes is not None, documents="document_ids" in variant.params,
+                            prefix_lm=prefix_lm)
+    if not isinstance(variant_spec, KernelSpec) or variant_spec.kind != "fwd" or variant_spec.is_fp8:
+        raise TypeError("fa3gen: variant_spec must be a 16-bit forward KernelSpec (its backward_spec() gives the "
+                        f"gradients), got {getattr(variant_spec, 'name', variant_spec)!r}")
+    if causal and not variant_spec.causal:
+        raise ValueError(f"fa3gen: causal=True, but variant_spec {variant_spec.name} is not causal: the spec decides "
+                         "(KernelSpec(causal=True, ...))")
+    want = (ops._DTYPES[q.dtype], q.shape[-1], v.shape[-1])
+    if want != (variant_spec.dtype, variant_spec.head_dim, variant_spec.head_dim_v):
+        raise ValueError(f"fa3gen: variant_spec {variant_spec.name} takes {variant_spec.dtype} with head_dim "
+                         f"{variant_spec.head_dim} and head_dim_v {variant_spec.head_dim_v}; got {want[0]} with "
+                         f"head_dim {want[1]} and head_dim_v {want[2]}")
+    return variant_spec
+
+
+def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None, causal: bool,
+                   variant: VariantArgs, variant_spec: KernelSpec | None,
+                   deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of ``flash_attn_func`` with a variant spec or a built-in mask's tensors; `variant`
+    holds the call's values (built-ins by their arguments, params by name)."""
+    ops._check_meta(q, k, v)
+    spec = _spec_for(q, v, bool(causal), variant, variant_spec)
+    variant.check(spec)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    kernel = ops._compile_fn()(spec)
+    return _SpecAttention.apply(q, k, v, kernel, scale, variant, bool(deterministic))
+
+
+def call_params(document_ids: torch.Tensor | None, prefix_lengths: torch.Tensor | None,
+                variant_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The call's params by name: the variant spec's, and the built-in masks' tensors."""
+    params = dict(variant_params or {})
+    for name, value in (("document_ids", document_ids), ("prefix_lengths", prefix_lengths)):
+        if value is None:
+            continue
+        if name in params:
+            raise ValueError(f"fa3gen: {name} is given twice (as an argument and in variant_params)")
+        params[name] = value
+    return params
