@@ -707,6 +707,7 @@ def flash_attn_func(
     *,
     document_ids: torch.Tensor | None = None,
     prefix_lengths: torch.Tensor | None = None,
+    attn_bias: torch.Tensor | None = None,
     variant_spec: Any = None,
     variant_params: dict[str, Any] | None = None,
 ):
@@ -733,6 +734,9 @@ def flash_attn_func(
             window and the others); key blocks of other documents are skipped.
         prefix_lengths: int32 (batch,), prefix-LM: query i sees key j iff j < prefix_lengths[b]
             or j <= i + sk - sq (causal after the prefix, whatever `causal` says).
+        attn_bias: float32 (batch, nheads_q, seqlen_q, seqlen_k), any strides (expand() to
+            broadcast): added to the scaled score of query i and key j (after softcap and ALiBi).
+            It gets no gradient.
         variant_spec: a forward ``KernelSpec`` with custom variants (score_mod, mask_mod, ...),
             whose kernel runs this call; it decides causal (causal=True needs a causal spec) and
             must match q's dtype and head dims. Its built-ins take their values from the
@@ -749,15 +753,15 @@ def flash_attn_func(
     backward kernels (head_dim_v == head_dim), with the same causal mask and variants as the
     forward (window_size, softcap, alibi_slopes; no gradient for the slopes). A nonzero gradient
     flowing into lse raises NotImplementedError (eager mode). With ``document_ids``,
-    ``prefix_lengths`` or ``variant_spec`` the call runs a spec's kernels through a
+    ``prefix_lengths``, ``attn_bias`` or ``variant_spec`` the call runs a spec's kernels through a
     torch.autograd.Function (fa3gen.spec_attention: a graph break under torch.compile), the
     backward's kernel from ``spec.backward_spec()``; their param tensors get no gradient.
     """
-    if variant_spec is not None or document_ids is not None or prefix_lengths is not None or variant_params:
+    if variant_spec is not None or variant_params or any(t is not None for t in (document_ids, prefix_lengths, attn_bias)):
         from .spec_attention import call_params, spec_attention
 
         variant = VariantArgs(tuple(window_size), softcap, alibi_slopes,
-                              call_params(document_ids, prefix_lengths, variant_params))
+                              call_params(document_ids, prefix_lengths, attn_bias, variant_params))
         variant.check()
         out, lse = spec_attention(q, k, v, softmax_scale, causal, variant, variant_spec, deterministic)
         return (out, lse) if return_lse else out

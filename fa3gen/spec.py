@@ -236,7 +236,7 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
     """q_registers when unset, from a forward spec's raw fields."""
     d = fields.get("head_dim")
     dtype = str(fields.get("dtype", "bf16"))
-    custom = fields.get("score_mod") is not None or _has_mask(fields)
+    custom = fields.get("score_mod") is not None or _has_mask(fields) or bool(fields.get("bias"))
     built_in = sum(bool(fields.get(name)) for name in ("window", "softcap", "alibi"))
     measured = not custom and built_in <= (0 if dtype == "e4m3" else 1)
     max_block_n = Q_REGISTERS_MAX_BLOCK_N.get(dtype)
@@ -295,6 +295,12 @@ BUILT_IN_MASKS: dict[str, tuple[TensorParam, str]] = {
     "prefix_lm": (TensorParam(name="prefix_lengths", ndim=1, dtype="int32"),
                   "kv_idx <= q_idx + seqlen_k - seqlen_q || kv_idx < prefix_lengths(b)"),
 }
+
+
+# The built-in additive bias (bias=True): score += attn_bias[b, h, q_idx, kv_idx], a float32 tensor
+# given per call (batch, nheads_q, seqlen_q, seqlen_k), any strides (0 broadcasts), after ALiBi and
+# before a score_mod. Its derivative d(score)/d(score) is 1; the bias itself gets no gradient.
+BUILT_IN_BIAS = TensorParam(name="attn_bias", ndim=4, dtype="float32")
 
 
 def _has_mask(fields: dict[str, Any]) -> bool:
@@ -400,7 +406,7 @@ BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS = (64, 96)
 # softcap 350.3 -> 354.9, 431.1 -> 448.3, 463.7 -> 486.2. ALiBi tied (529.8 -> 527.2 at s16k), and
 # the custom mods were not measured: those keep the dQ split over both warpgroups.
 BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS = (128,)
-_BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT = ("alibi", "score_mod", "mask_mod", "documents", "prefix_lm")
+_BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT = ("alibi", "bias", "score_mod", "mask_mod", "documents", "prefix_lm")
 # Backward kernels of these head dims that run each step's dQ in one warpgroup at the step's end
 # give the producer warpgroup 24 registers and their consumers 240: the 64 fp32 of the dQ
 # accumulator beside dK's and dV's 128 then leave the step loop without spills (the causal kernel
@@ -451,7 +457,7 @@ def _bwd_dq_single_warpgroup_default(fields: dict[str, Any]) -> bool:
     head_dim, deferred = fields.get("head_dim"), fields.get("dq_deferred")
     if head_dim in BWD_DQ_SINGLE_WARPGROUP_HEAD_DIMS:
         # Not with ALiBi or a mask_mod (unmeasured there, and their hdim 64 kernels spill 12-24 B with it).
-        return deferred is True and not fields.get("alibi") and not _has_mask(fields)
+        return deferred is True and not fields.get("alibi") and not fields.get("bias") and not _has_mask(fields)
     measured = not any(fields.get(name) for name in _BWD_DQ_SINGLE_WARPGROUP_STEP_END_WITHOUT)
     return head_dim in BWD_DQ_SINGLE_WARPGROUP_STEP_END_HEAD_DIMS and measured and deferred is False and _bwd_keys_split(fields)
 
@@ -490,12 +496,13 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "kv_factors_in_smem": lambda f: _kv_factors_in_smem_default(f) if f["kind"] == "fwd" else None,
     "block_sparse": _block_sparse_default,
     "documents": lambda f: False,
+    "bias": lambda f: False,
     "prefix_lm": lambda f: False,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
-_VARIANT_FIELDS = ("window", "softcap", "alibi", "score_mod", "mask_mod", *BUILT_IN_MASKS)
+_VARIANT_FIELDS = ("window", "softcap", "alibi", "bias", "score_mod", "mask_mod", *BUILT_IN_MASKS)
 _PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", *_VARIANT_FIELDS, "params")
 
 
@@ -779,11 +786,13 @@ class KernelSpec(BaseModel):
     # Attention variants compiled into the kernel. The built-ins take their sizes per call:
     # window: local attention, query i sees keys [i + sk - sq - left, i + sk - sq + right];
     # softcap: score = cap * tanh(score / cap); alibi: score -= slope[b, h] * |i + sk - sq - j|.
+    # bias: score += attn_bias[b, h, i, j] (BUILT_IN_BIAS).
     # score_mod / mask_mod: C++ expressions over params (fa3gen.variant). Scores seen by the mods
-    # are already scaled by softmax_scale; order: softcap, alibi, score_mod, then the masks.
+    # are already scaled by softmax_scale; order: softcap, alibi, bias, score_mod, then the masks.
     window: bool = False
     softcap: bool = False
     alibi: bool = False
+    bias: bool = False
     score_mod: ScoreMod | None = None
     mask_mod: MaskMod | None = None
     params: tuple[Param, ...] = ()
@@ -845,7 +854,7 @@ class KernelSpec(BaseModel):
                 nwg = data.get("num_consumer_warpgroups")
                 # Per-element variant code (ALiBi, score_mod, mask_mod) needs the registers of two
                 # consumer warpgroups (232 each): with three (160 each) hdim 64 spilled 124-176 B.
-                per_element = data.get("alibi") or data.get("score_mod") or _has_mask(data)
+                per_element = data.get("alibi") or data.get("bias") or data.get("score_mod") or _has_mask(data)
                 if per_element and bm > 2 * WGMMA_M and not isinstance(nwg, int):
                     bm = 2 * WGMMA_M
                 data["block_m"] = WGMMA_M * nwg if isinstance(nwg, int) else bm
@@ -897,7 +906,7 @@ class KernelSpec(BaseModel):
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
             # without a custom score_mod or mask_mod (PINGPONG_DEFAULT).
-            custom = data.get("score_mod") is not None or _has_mask(data)
+            custom = data.get("score_mod") is not None or _has_mask(data) or bool(data.get("bias"))
             data["pingpong"] = data.get("num_consumer_warpgroups") == 2 and (
                 data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not custom))
         if data.get("warpgroup_key_trim") is None:
@@ -958,7 +967,7 @@ class KernelSpec(BaseModel):
                              f"head_dim_v={self.head_dim_v}")
         if self.kind == "bwd":
             raise ValueError("dtype='e4m3' is forward-only: there is no FP8 backward kernel (train in bf16/fp16)")
-        unsupported = [name for name, on in (("softcap", self.softcap), ("alibi", self.alibi),
+        unsupported = [name for name, on in (("softcap", self.softcap), ("alibi", self.alibi), ("bias", self.bias),
                                              ("score_mod", self.score_mod is not None),
                                              ("mask_mod", self.mask_mod is not None),
                                              *((name, getattr(self, name)) for name in BUILT_IN_MASKS)) if on]
@@ -1070,7 +1079,8 @@ class KernelSpec(BaseModel):
         if self.prefix_lm and self.causal:
             raise ValueError("prefix_lm is causal after its prefix by itself; leave causal=False (causal would hide "
                              "the prefix's keys right of the diagonal)")
-        for name, (param, _) in BUILT_IN_MASKS.items():
+        built_ins = [(name, param) for name, (param, _) in BUILT_IN_MASKS.items()] + [("bias", BUILT_IN_BIAS)]
+        for name, param in built_ins:
             if getattr(self, name) and any(p.name == param.name for p in self.params):
                 raise ValueError(f"{name}=True passes its values as the tensor {param.name!r}: a declared param "
                                  "may not take that name")
@@ -1189,7 +1199,7 @@ class KernelSpec(BaseModel):
         Chosen where registers are short, the masked keys-split kernels of head dim 128: measured on
         the H200, causal s16k 321 -> 402 TFLOP/s (the per-entry copy spilled 128 B); without a mask
         the extra lg2 costs 5%. ALiBi or a score_mod change the score after the cap: kept there."""
-        return (self.kind == "bwd" and self.softcap and not self.alibi and self.score_mod is None
+        return (self.kind == "bwd" and self.softcap and not self.alibi and not self.bias and self.score_mod is None
                 and (self.causal or self.window) and self.head_dim >= 128 and not self.bwd_splits_head_dim)
 
     @property
@@ -1238,12 +1248,13 @@ class KernelSpec(BaseModel):
     @property
     def has_score_mod(self) -> bool:
         """Scores are modified after scaling (softcap, alibi or a custom score_mod)."""
-        return self.softcap or self.alibi or self.score_mod is not None
+        return self.softcap or self.alibi or self.bias or self.score_mod is not None
 
     @property
     def variant_params(self) -> tuple[Param, ...]:
-        """The declared params, then the tensors of the built-in masks that are on."""
-        return self.params + tuple(param for name, (param, _) in BUILT_IN_MASKS.items() if getattr(self, name))
+        """The declared params, then the tensors of the built-in masks and bias that are on."""
+        masks = tuple(param for name, (param, _) in BUILT_IN_MASKS.items() if getattr(self, name))
+        return self.params + masks + ((BUILT_IN_BIAS,) if self.bias else ())
 
     @property
     def mask_expr(self) -> str | None:
@@ -1337,7 +1348,7 @@ class KernelSpec(BaseModel):
             sched += f"_p{self.producer_registers}" if self.producer_registers != BWD_PRODUCER_REGISTERS_DEFAULT else ""
             sched += "_kvp" if self.kv_prefetch else ""
             sched += "_bsp" if self.block_sparse else ""
-        variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"),
+        variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"), (self.bias, "_bias"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod"), (self.documents, "_doc"),
                                               (self.prefix_lm, "_plm")) if on)

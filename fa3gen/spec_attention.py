@@ -1,11 +1,12 @@
 """Differentiable attention with any forward spec's kernels: ``flash_attn_func``'s path for a
-custom variant spec (``variant_spec=`` with ``variant_params=``) and for the built-in masks that
-take a tensor (``document_ids=``, ``prefix_lengths=``), whose kernels the registry does not hold.
+custom variant spec (``variant_spec=`` with ``variant_params=``) and for the built-ins that take a
+tensor (``document_ids=``, ``prefix_lengths=``, ``attn_bias=``), whose kernels the registry does
+not hold.
 
 The forward runs ``fa3gen.compile(spec)``; the first backward compiles ``spec.backward_spec()``
 (its deterministic version with deterministic=True). A ``torch.autograd.Function`` rather than a
 registered op: its params are a spec's, any names and types, so ``torch.compile`` sees a graph
-break here. Param tensors (document ids, a bias) get no gradient.
+break here. Param tensors (document ids, a bias) get no gradient: one that requires it is refused.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantAr
         return default_spec(q.shape[-1], v.shape[-1], ops._DTYPES[q.dtype], causal and not prefix_lm,
                             window=variant.window, softcap=variant.softcap > 0,
                             alibi=variant.alibi_slopes is not None, documents="document_ids" in variant.params,
-                            prefix_lm=prefix_lm)
+                            prefix_lm=prefix_lm, bias="attn_bias" in variant.params)
     if not isinstance(variant_spec, KernelSpec) or variant_spec.kind != "fwd" or variant_spec.is_fp8:
         raise TypeError("fa3gen: variant_spec must be a 16-bit forward KernelSpec (its backward_spec() gives the "
                         f"gradients), got {getattr(variant_spec, 'name', variant_spec)!r}")
@@ -78,6 +79,11 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     """(out, lse) of ``flash_attn_func`` with a variant spec or a built-in mask's tensors; `variant`
     holds the call's values (built-ins by their arguments, params by name)."""
     ops._check_meta(q, k, v)
+    if torch.is_grad_enabled():
+        wanting = sorted(name for name, t in variant.params.items() if isinstance(t, torch.Tensor) and t.requires_grad)
+        if wanting:
+            raise NotImplementedError(f"fa3gen: {', '.join(wanting)} require(s) grad, but param tensors get no gradient "
+                                      "(q, k and v do): detach them")
     spec = _spec_for(q, v, bool(causal), variant, variant_spec)
     variant.check(spec)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
@@ -86,10 +92,10 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
 
 
 def call_params(document_ids: torch.Tensor | None, prefix_lengths: torch.Tensor | None,
-                variant_params: dict[str, Any] | None) -> dict[str, Any]:
-    """The call's params by name: the variant spec's, and the built-in masks' tensors."""
+                attn_bias: torch.Tensor | None, variant_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The call's params by name: the variant spec's, and the built-ins' tensors."""
     params = dict(variant_params or {})
-    for name, value in (("document_ids", document_ids), ("prefix_lengths", prefix_lengths)):
+    for name, value in (("document_ids", document_ids), ("prefix_lengths", prefix_lengths), ("attn_bias", attn_bias)):
         if value is None:
             continue
         if name in params:

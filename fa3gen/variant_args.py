@@ -63,7 +63,7 @@ class VariantArgs:
             if tuple(s.shape) not in ((hq,), (b, hq)) or s.stride(-1) != 1:
                 raise ValueError(f"fa3gen: alibi_slopes must have shape ({hq},) or ({b}, {hq}) with a "
                                  f"contiguous last dim, got shape {tuple(s.shape)} strides {s.stride()}")
-        self._check_built_in_masks(spec, q, k)
+        self._check_built_in_tensors(spec, q, k)
         for param in spec.variant_params:
             value = self.params[param.name]
             if isinstance(param, ScalarParam):
@@ -79,9 +79,9 @@ class VariantArgs:
                 raise ValueError(f"fa3gen: param {param.name} must be a {param.ndim}-d {want} tensor on "
                                  f"{q.device}, got {got}")
 
-    def _check_built_in_masks(self, spec: KernelSpec, q: torch.Tensor, k: torch.Tensor) -> None:
-        """The built-in masks' tensors cover the indices the kernel reads (a custom param's bounds
-        are its expression's business)."""
+    def _check_built_in_tensors(self, spec: KernelSpec, q: torch.Tensor, k: torch.Tensor) -> None:
+        """The built-in masks' and bias's tensors cover the indices the kernel reads (a custom
+        param's bounds are its expression's business)."""
         b, sq = q.shape[0], q.shape[1]
         if spec.documents:
             if k.shape[1] != sq:
@@ -91,6 +91,12 @@ class VariantArgs:
             if isinstance(ids, torch.Tensor) and tuple(ids.shape) != (b, sq):
                 raise ValueError(f"fa3gen: document_ids must have shape (batch, seqlen) = ({b}, {sq}), got "
                                  f"{tuple(ids.shape)} (a batch row's ids may be shared: ids.expand({b}, -1))")
+        if spec.bias:
+            bias = self.params["attn_bias"]
+            want = (b, q.shape[2], sq, k.shape[1])
+            if isinstance(bias, torch.Tensor) and tuple(bias.shape) != want:
+                raise ValueError(f"fa3gen: attn_bias must have shape (batch, nheads_q, seqlen_q, seqlen_k) = {want}, got "
+                                 f"{tuple(bias.shape)} (broadcast with expand(): stride 0)")
         if spec.prefix_lm:
             lengths = self.params["prefix_lengths"]
             if isinstance(lengths, torch.Tensor) and tuple(lengths.shape) != (b,):

@@ -1,7 +1,7 @@
-"""flash_attn_func's spec path (fa3gen.spec_attention) on the CPU: the built-in masks that take a
-tensor (document_ids, prefix_lengths) and a caller's variant_spec pick their kernels' specs, their
-values reach the launches, and autograd wires the forward and backward kernels (routed here to
-the float64 reference with the same mask, so the gradients are checked as values)."""
+"""flash_attn_func's spec path (fa3gen.spec_attention) on the CPU: the built-ins that take a tensor
+(document_ids, prefix_lengths, attn_bias) and a caller's variant_spec pick their kernels' specs,
+their values reach the launches, and autograd wires the forward and backward kernels (routed here
+to the float64 reference with the same variant, so the gradients are checked as values)."""
 
 from __future__ import annotations
 
@@ -45,27 +45,33 @@ def reference_kernels(monkeypatch):
     calls = []
     monkeypatch.setattr(fa3gen, "compile", lambda spec: types.SimpleNamespace(spec=spec))
 
+    def reference_variant(spec: KernelSpec, variant, seqlen: int) -> dict:
+        mods = {"mask_mod": mask_of(spec, {**variant.params, "_seqlen": seqlen}), "window_size": variant.window_size}
+        if spec.bias:
+            bias = variant.params["attn_bias"]
+            mods["score_mod"] = lambda score, b, h, i, j: score + bias[b, h, i, j].double()
+        return mods
+
     def forward(q, k, v, scale, causal, kernel, variant, meta_checked=False):
         calls.append(("fwd", kernel.spec, causal, variant))
-        mask = mask_of(kernel.spec, {**variant.params, "_seqlen": q.shape[1]})
-        out, lse = attention_reference(q, k, v, scale, causal, mask_mod=mask)
+        out, lse = attention_reference(q, k, v, scale, causal, **reference_variant(kernel.spec, variant, q.shape[1]))
         return out.to(q.dtype), lse.float()
 
     def backward(dout, q, k, v, out, lse, scale, causal, deterministic, kernel, variant):
         calls.append(("bwd", kernel.spec, causal, variant))
-        mask = mask_of(kernel.spec, {**variant.params, "_seqlen": q.shape[1]})
-        return tuple(g.to(q.dtype) for g in attention_reference_grads(q, k, v, dout, scale, causal, mask_mod=mask))
+        mods = reference_variant(kernel.spec, variant, q.shape[1])
+        return tuple(g.to(q.dtype) for g in attention_reference_grads(q, k, v, dout, scale, causal, **mods))
 
     monkeypatch.setattr(ops, "_forward_impl", forward)
     monkeypatch.setattr(ops, "_backward_impl", backward)
     return calls
 
 
-def check_against_reference(q, k, v, out, causal, mask):
+def check_against_reference(q, k, v, out, causal, mask=None, **mods):
     dout = torch.randn_like(out)
     (out.float() * dout.float()).sum().backward()
-    ref_out, _ = attention_reference(q.detach(), k.detach(), v.detach(), None, causal, mask_mod=mask)
-    ref = attention_reference_grads(q.detach(), k.detach(), v.detach(), dout, None, causal, mask_mod=mask)
+    ref_out, _ = attention_reference(q.detach(), k.detach(), v.detach(), None, causal, mask_mod=mask, **mods)
+    ref = attention_reference_grads(q.detach(), k.detach(), v.detach(), dout, None, causal, mask_mod=mask, **mods)
     torch.testing.assert_close(out.float(), ref_out.to(q.dtype).float())
     for g, r in zip((q.grad, k.grad, v.grad), ref):
         torch.testing.assert_close(g.float(), r.to(q.dtype).float())
@@ -130,3 +136,22 @@ def test_built_in_mask_values_are_checked(reference_kernels):
     with pytest.raises(ValueError, match=r"prefix_lengths must have shape \(batch,\) = \(2,\)"):
         ops._fill_variant(ops.FwdParams(), types.SimpleNamespace(spec=KernelSpec(head_dim=64, prefix_lm=True)),
                           ops.VariantArgs(params={"prefix_lengths": torch.zeros(3, dtype=torch.int32)}), q, k, False)
+
+
+def test_attn_bias_runs_the_bias_kernels_and_refuses_a_bias_that_wants_a_gradient(reference_kernels):
+    q, k, v = qkv(b=2, s=8, hq=4)
+    bias = torch.randn(1, 4, 8, 8).expand(2, -1, -1, -1)
+    out = fa3gen.flash_attn_func(q, k, v, causal=True, window_size=(3, 0), attn_bias=bias)
+    check_against_reference(q, k, v, out, True, window_size=(3, 0),
+                            score_mod=lambda score, b, h, i, j: score + bias[b, h, i, j].double())
+    fwd_spec = reference_kernels[0][1]
+    assert fwd_spec.bias and fwd_spec.window and fwd_spec.causal and not fwd_spec.block_sparse
+    assert reference_kernels[1][1] == fwd_spec.backward_spec()
+    with pytest.raises(NotImplementedError, match="attn_bias require.* grad, but param tensors get no gradient"):
+        fa3gen.flash_attn_func(q, k, v, attn_bias=torch.zeros(2, 4, 8, 8, requires_grad=True))
+    with torch.no_grad():  # no gradient asked for: fine
+        fa3gen.flash_attn_func(q, k, v, attn_bias=torch.zeros(2, 4, 8, 8, requires_grad=True))
+    spec = KernelSpec(head_dim=64, bias=True)
+    with pytest.raises(ValueError, match=r"attn_bias must have shape \(batch, nheads_q, seqlen_q, seqlen_k\)"):
+        ops._fill_variant(ops.FwdParams(), types.SimpleNamespace(spec=spec),
+                          ops.VariantArgs(params={"attn_bias": torch.zeros(2, 4, 8, 9)}), q, k, False)

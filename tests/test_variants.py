@@ -218,3 +218,25 @@ def test_built_in_masks_compile_in_as_mask_expressions_over_their_tensors():
     tensors = [{"kind": "tensor", "name": f"t{i}", "ndim": 1, "dtype": "int32"} for i in range(7)]
     with pytest.raises(ValidationError, match="at most 7 tensor params"):
         KernelSpec(head_dim=64, documents=True, mask_mod={"expr": "t0(q_idx) == t6(kv_idx)"}, params=tensors)
+
+
+def test_built_in_bias_adds_a_tensor_to_the_score_forward_and_backward():
+    """bias=True: score += attn_bias(b, h, q_idx, kv_idx) after softcap and ALiBi, before a
+    score_mod, inside the problem only; its derivative is 1 (the backward multiplies nothing in),
+    and soft-capping's derivative is then kept per entry rather than recovered from P."""
+    spec = KernelSpec(head_dim=128, causal=True, softcap=True, bias=True)
+    assert "_cap_bias" in spec.name and "bias" not in KernelSpec(head_dim=128).canonical_json()
+    assert [p.name for p in spec.variant_params] == ["attn_bias"] and spec.has_score_mod
+    code = render(spec)
+    assert "fa3gen::TensorArg<float, 4> const attn_bias{" in code and "return attn_bias(b, h, q_idx, kv_idx);" in code
+    assert "score modifications: softcap, bias" in code
+    assert "{ score += additive_bias(p, t.batch, t.head, q_idx, kv_idx); }" in code
+    bwd = spec.backward_spec()
+    assert bwd.bias and not bwd.bwd_recomputes_softcap_grad
+    assert KernelSpec(kind="bwd", head_dim=128, causal=True, softcap=True).bwd_recomputes_softcap_grad
+    assert "{ score += additive_bias(p, batch, head, row, key); }" in render(bwd)
+    with pytest.raises(ValidationError, match="not bias"):
+        KernelSpec(head_dim=128, dtype="e4m3", bias=True)
+    with pytest.raises(ValidationError, match="bias=True passes its values as the tensor 'attn_bias'"):
+        KernelSpec(head_dim=64, bias=True, score_mod={"expr": "score + attn_bias(h)"},
+                   params=[{"kind": "tensor", "name": "attn_bias", "ndim": 1}])
