@@ -751,8 +751,8 @@ class KernelSpec(BaseModel):
     # (16-bit or e4m3). Not with e4m3 lazy_rescale or pin_pv_wait. None: _row_sums_mma_default.
     row_sums_mma: bool | None = None
     # e4m3: the producer writes each key block's K and V factors (per-block scales) into shared
-    # memory beside the block's K, with an asynchronous store that the K stage's full barrier
-    # counts, so the consumers read them there: the overlapped loops instead of loading them from
+    # memory beside the block's K, before the arrival that arms the K stage (which releases them
+    # to the consumers' wait for K), so the consumers read them there: the overlapped loops instead of loading them from
     # L2 under their GEMMs (per-block scales measured 1.4-8% under one factor per (batch, head),
     # H200 2026-12-03), the serial loop instead of its lanes' loads a block ahead. None: off.
     kv_factors_in_smem: bool | None = None

@@ -3,16 +3,20 @@ mask evaluated on every key block (the dense mask_mod kernel), FlexAttention wit
 cuDNN's causal attention, in one process, interleaved.
 
 Usage (on a Hopper GPU): python scripts/bench_block_sparse.py [--seqlens 4096,16384] [--doc-len 2048]
+                                                    [--candidate JSON ...]  # block-sparse spec changes, A/B
 bf16, hdim 128, 16 heads, batch = 16384 / seqlen. Masks: packed documents of --doc-len tokens,
 causal within each (causal=True in the spec, the documents in the mask_mod); prefix-LM with a
 prefix of a quarter of the sequence. ms is the median of the interleaved rounds; "x dense" and
 "x flex" divide their time by the block-sparse kernel's. The first call's classification (the
-block ranges, cached per problem) is timed apart.
+block ranges, cached per problem) is timed apart. Each --candidate (spec fields, e.g.
+'{"scheduler": "lpt"}') runs the block-sparse spec with those changes in the same interleaved
+rounds, on a row of its own: its ms and the default block-sparse kernel's ms divided by it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -37,7 +41,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--doc-len", type=int, default=2048)
+    ap.add_argument("--candidate", action="append", default=[], help="spec fields for the block-sparse kernel (JSON)")
     args = ap.parse_args()
+    candidates = [json.loads(c) for c in args.candidate]
     flex, create_block_mask, why = _flex()
     if flex is None:
         print(f"FlexAttention unavailable: {why}")
@@ -54,6 +60,7 @@ def main() -> None:
                  (f"prefix-LM, prefix {s // 4}", PREFIX_LM, {"prefix": prefix}, lambda bb, hh, i, j: (j <= i) | (j < prefix[bb]))]
         for name, fields, params, mask in cases:
             sparse = fa3gen.compile(fa3gen.KernelSpec(head_dim=d, block_sparse=True, **fields))
+            tried = [fa3gen.compile(fa3gen.KernelSpec(head_dim=d, block_sparse=True, **{**fields, **c})) for c in candidates]
             dense = fa3gen.compile(fa3gen.KernelSpec(head_dim=d, **fields))
             block_sparsity.clear()
             torch.cuda.synchronize()
@@ -68,6 +75,8 @@ def main() -> None:
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
 
             fns = {"sparse": lambda: sparse(q, k, v, **params), "dense": lambda: dense(q, k, v, **params), "cudnn": cudnn}
+            for i, kernel in enumerate(tried):
+                fns[f"candidate {i}"] = lambda kernel=kernel: kernel(q, k, v, **params)
             if flex is not None:
                 block_mask = create_block_mask(mask, b, h, s, s, device="cuda")
                 fns["flex"] = lambda: flex(qt, kt, vt, block_mask=block_mask)
@@ -82,6 +91,9 @@ def main() -> None:
             flex_cols = f"{flex_ms:.3f} | {flex_ms / ms['sparse']:.2f}" if isinstance(flex_ms, float) else "- | -"
             print(f"| {name}, s{s} b{b} | {ms['sparse']:.3f} | {ms['dense']:.3f} | {ms['dense'] / ms['sparse']:.2f} | "
                   f"{flex_cols} | {ms['cudnn']:.3f} | {first_ms:.2f} |", flush=True)
+            for i, (kernel, changes) in enumerate(zip(tried, candidates)):
+                t = ms[f"candidate {i}"]
+                print(f"|   {json.dumps(changes)} ({kernel.spec.name}) | {t:.3f} | x default {ms['sparse'] / t:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -346,15 +346,14 @@ def test_kv_factors_in_smem_render_and_refusals(head_dim):
     on = KernelSpec(head_dim=head_dim, dtype="e4m3", kv_factors_in_smem=True)
     assert on.name == default.name + "_kvfs" and '"kv_factors_in_smem":true' in on.canonical_json()
     code, plain = render(on), render(default)
-    assert "constexpr uint32_t kBytesK = kBlockN * kHeadDim * sizeof(Element) + kBytesKFactors;" in code
     assert "float kv_factors[kStages][2];" in code
-    assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in code
+    assert "smem.kv_factors[state.index()][1] = f.v;\n  pipeline_k.producer_acquire(state, free);" in code
     # every K load stores its block's factors: the first key block of a tile and the loop's
-    assert code.count("store_key_block_factors(smem, pipeline_k, write, factors);") == 2
+    assert code.count("acquire_k_stage_with_factors(smem, pipeline_k, write, factors);") == 2
     # the first block (twice with chained tiles: this tile's and the next's) and the loop, each from the stage read
     reads = code.count(".block(smem, read.index());")
     assert reads == 2 * (1 + on.inter_tile_overlap) and ".block(p, " not in code
-    assert "kv_factors" not in plain and "st.async" not in plain and plain.count(".block(p, ") == reads
+    assert "kv_factors" not in plain and plain.count(".block(p, ") == reads
     with pytest.raises(ValidationError, match="kv_factors_in_smem needs dtype='e4m3'"):
         KernelSpec(head_dim=head_dim, kv_factors_in_smem=True)
     # the serial loop (three warpgroups) reads them from the stage too, in place of its lanes' loads a block ahead
