@@ -278,8 +278,9 @@ ROW_SUMS_MMA_N = 8
 ROW_SUMS_MMA_DTYPES = ("e4m3",)
 ROW_SUMS_MMA_MAX_HEAD_DIM_V = 128
 PIN_PV_WAIT_BLOCK_N = 80
-# K's and V's per-block factors through shared memory (kv_factors_in_smem): off until measured
-# against the loads from L2 (not yet timed on a GPU).
+# K's and V's per-block factors through shared memory (kv_factors_in_smem): off. Measured against
+# the loads from L2 (H200, 2026-12-05, BENCHMARKS.md): hdim 256 within noise (+0.2 to +1.6%, causal
+# s16k -1.5%), hdim 128 causal -2 to -3%.
 KV_FACTORS_IN_SMEM_DEFAULT = False
 # The tensor param slot (Fa3genVariantParams.tensor_args) that carries a block-sparse kernel's
 # block ranges (block_sparse): the last one.
@@ -752,9 +753,10 @@ class KernelSpec(BaseModel):
     row_sums_mma: bool | None = None
     # e4m3: the producer writes each key block's K and V factors (per-block scales) into shared
     # memory beside the block's K, before the arrival that arms the K stage (which releases them
-    # to the consumers' wait for K), so the consumers read them there: the overlapped loops instead of loading them from
-    # L2 under their GEMMs (per-block scales measured 1.4-8% under one factor per (batch, head),
-    # H200 2026-12-03), the serial loop instead of its lanes' loads a block ahead. None: off.
+    # to the consumers' wait for K), so the consumers read them there: the overlapped loops
+    # instead of loading them from L2 under their GEMMs (per-block scales measured 1.4-8% under
+    # one factor per (batch, head), H200 2026-12-03), the serial loop instead of its lanes' loads
+    # a block ahead. None: off (KV_FACTORS_IN_SMEM_DEFAULT: no faster, measured).
     kv_factors_in_smem: bool | None = None
     # Block sparsity for a mask_mod: before the first launch for a problem (shapes and param
     # values), a generated kernel classifies each (query block, key block) pair as empty, partial or
@@ -772,7 +774,8 @@ class KernelSpec(BaseModel):
     row_reduce_chains: int | None = Field(default=None, ge=1, le=8)
     # How tiles map to CTAs: "grid" one CTA per tile; "static" a persistent grid (one CTA per SM)
     # walking tiles in a fixed stride; "lpt" persistent, claiming tiles dynamically from a global
-    # counter, longest first. None: "static" when not causal (tiles are equal), "lpt" when causal.
+    # counter, longest first. None: "static" when not causal (tiles are equal), "lpt" when causal
+    # or block_sparse (tiles of unequal ranges).
     # Backward ("grid" or "lpt"): a tile is one key block; "lpt" claims them in the launch order
     # (causal: longest first), so one key block's dK/dV stores overlap the next one's loads.
     scheduler: Literal["grid", "static", "lpt"] | None = None
@@ -863,7 +866,12 @@ class KernelSpec(BaseModel):
         if data.get("stages") is None:
             data["stages"] = 2
         if data.get("scheduler") is None:
-            data["scheduler"] = "lpt" if causal else "static"
+            # Causal tiles differ in length, and so do a block-sparse mask's (their ranges): lpt
+            # claims them dynamically, the last query blocks first. A block-sparse prefix-LM mask_mod
+            # measured 2.635 -> 1.953 ms at s16k, 0.590 -> 0.569 at s4k (H200, 2026-12-05; hdim 128).
+            sparse = data.get("block_sparse")
+            sparse = _block_sparse_default(data) if sparse is None else sparse
+            data["scheduler"] = "lpt" if causal or sparse else "static"
         if data.get("num_consumer_warpgroups") is None and isinstance(data.get("block_m"), int):
             data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
         if data.get("intra_wg_overlap") is None:
