@@ -4,6 +4,7 @@ cuDNN's causal attention, in one process, interleaved.
 
 Usage (on a Hopper GPU): python scripts/bench_block_sparse.py [--seqlens 4096,16384] [--doc-len 2048]
                                                     [--candidate JSON ...]  # block-sparse spec changes, A/B
+                                                    [--backward]  # also the backward passes, a table of their own
 bf16, hdim 128, 16 heads, batch = 16384 / seqlen. Masks: packed documents of --doc-len tokens,
 causal within each (causal=True in the spec, the documents in the mask_mod); prefix-LM with a
 prefix of a quarter of the sequence. ms is the median of the interleaved rounds; "x dense" and
@@ -11,6 +12,9 @@ prefix of a quarter of the sequence. ms is the median of the interleaved rounds;
 block ranges, cached per problem) is timed apart. Each --candidate (spec fields, e.g.
 '{"scheduler": "lpt"}') runs the block-sparse spec with those changes in the same interleaved
 rounds, on a row of its own: its ms and the default block-sparse kernel's ms divided by it.
+--backward times the backward of each case after the forward table: the block-sparse kernel's
+backward_spec() (block-sparse too), the dense one's, Flex's and cuDNN causal's (torch.autograd.grad
+of their outputs with the graph kept), from the same saved forward outputs and dout.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def main() -> None:
     ap.add_argument("--seqlens", default="4096,16384")
     ap.add_argument("--doc-len", type=int, default=2048)
     ap.add_argument("--candidate", action="append", default=[], help="spec fields for the block-sparse kernel (JSON)")
+    ap.add_argument("--backward", action="store_true", help="also time the backward passes")
     args = ap.parse_args()
     candidates = [json.loads(c) for c in args.candidate]
     flex, create_block_mask, why = _flex()
@@ -51,6 +56,7 @@ def main() -> None:
     print("| case | block-sparse ms | dense mask_mod ms | x dense | flex ms | x flex | cuDNN causal ms | first call's ranges ms |")
     print("|---|---|---|---|---|---|---|---|")
     d, h = 128, 16
+    backward_rows = []
     for s in (int(x) for x in args.seqlens.split(",")):
         b = max(1, 16384 // s)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -94,6 +100,40 @@ def main() -> None:
             for i, (kernel, changes) in enumerate(zip(tried, candidates)):
                 t = ms[f"candidate {i}"]
                 print(f"|   {json.dumps(changes)} ({kernel.spec.name}) | {t:.3f} | x default {ms['sparse'] / t:.3f} |", flush=True)
+            if args.backward:
+                flex_backward = None
+                if flex is not None:
+                    flex_backward = lambda qg, kg, vg, block_mask=block_mask: flex(qg, kg, vg, block_mask=block_mask)  # noqa: E731
+                backward_rows.append(f"| {name}, s{s} b{b} | " + backward_times(sparse, dense, q, k, v, params, flex_backward))
+    if backward_rows:
+        print("\n| backward | block-sparse ms | dense mask_mod ms | x dense | flex ms | x flex | cuDNN causal ms |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(backward_rows), flush=True)
+
+
+def backward_times(sparse, dense, q, k, v, params, flex_fn) -> str:
+    """The backward of one case: the kernels' backward_spec() kernels beside Flex's and cuDNN
+    causal's autograd backward, interleaved, on the same dout; the table row's cells."""
+    sparse_bwd, dense_bwd = (fa3gen.compile(kernel.spec.backward_spec()) for kernel in (sparse, dense))
+    out, lse = sparse(q, k, v, return_lse=True, **params)
+    dout = torch.randn_like(out)
+    fns = {"sparse": lambda: sparse_bwd.backward(dout, q, k, v, out, lse, **params),
+           "dense": lambda: dense_bwd.backward(dout, q, k, v, out, lse, **params)}
+    leaves = tuple(x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+    dout_t = dout.transpose(1, 2)
+    if flex_fn is not None:
+        flex_out = flex_fn(*leaves)
+        fns["flex"] = lambda: torch.autograd.grad(flex_out, leaves, dout_t, retain_graph=True)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        cudnn_out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    fns["cudnn"] = lambda: torch.autograd.grad(cudnn_out, leaves, dout_t, retain_graph=True)
+    ms = time_cuda_ms_interleaved(fns, 3, 20, 20.0)
+    if failed := {n: t for n, t in ms.items() if isinstance(t, Exception)}:
+        return f"failed: {failed} |"
+    flex_ms = ms.get("flex")
+    flex_cols = f"{flex_ms:.3f} | {flex_ms / ms['sparse']:.2f}" if isinstance(flex_ms, float) else "- | -"
+    return (f"{ms['sparse']:.3f} | {ms['dense']:.3f} | {ms['dense'] / ms['sparse']:.2f} | {flex_cols} | "
+            f"{ms['cudnn']:.3f} |")
 
 
 if __name__ == "__main__":
