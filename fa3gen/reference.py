@@ -51,13 +51,14 @@ class Variants:
     alibi_slopes: torch.Tensor | None = None
     score_mod: Callable[..., torch.Tensor] | None = None
     mask_mod: Callable[..., torch.Tensor] | None = None
+    attn_bias: torch.Tensor | None = None
 
 
 def _scores(qc: torch.Tensor, kf: torch.Tensor, start: int, sq: int, scale: float,
             var: Variants) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scores of query rows [start, start + len) against every key, float64 (b, hq, rows, sk):
-    scaled, modified in the spec's order (softcap, alibi, score_mod), hidden keys at -inf (causal,
-    window, mask_mod). Also d(score)/d(q·k · scale) of every element (None when it is 1)."""
+    scaled, modified in the spec's order (softcap, alibi, attn_bias, score_mod), hidden keys at -inf
+    (causal, window, mask_mod). Also d(score)/d(q·k · scale) of every element (None when it is 1)."""
     b, hq, rows, _ = qc.shape
     sk = kf.shape[2]
     device = qc.device
@@ -74,6 +75,8 @@ def _scores(qc: torch.Tensor, kf: torch.Tensor, start: int, sq: int, scale: floa
     if var.alibi_slopes is not None:
         slopes = var.alibi_slopes.to(torch.float64).reshape(-1, hq)  # (1 or b, hq)
         s = s - slopes.view(-1, hq, 1, 1) * (diagonal - j).abs()
+    if var.attn_bias is not None:
+        s = s + var.attn_bias[:, :, start:start + rows].to(torch.float64)
     if var.score_mod is not None:
         # Its derivative by autograd (it is elementwise), on s itself when a caller differentiates
         # through the reference (the graph is kept for that caller), else on a detached copy.
@@ -128,12 +131,14 @@ def attention_reference(
     alibi_slopes: torch.Tensor | None = None,
     score_mod: Callable[..., torch.Tensor] | None = None,
     mask_mod: Callable[..., torch.Tensor] | None = None,
+    attn_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention in float64 on the tensors' device.
 
     Args: q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), any dtype and strides.
     Variants, as ``flash_attn_func`` and the spec define them, applied to the scaled score in this
-    order: softcap, alibi_slopes, score_mod, then the masks (causal, window_size, mask_mod).
+    order: softcap, alibi_slopes, attn_bias (added; (b or 1, hq or 1, sq, sk)), score_mod, then the
+    masks (causal, window_size, mask_mod).
     ``score_mod(score, b, h, q_idx, kv_idx)`` and ``mask_mod(b, h, q_idx, kv_idx)`` get
     broadcastable tensors (float64 scores, int64 indices of shapes (b,1,1,1), (1,h,1,1),
     (1,1,sq,1), (1,1,1,sk)) and return the new scores / a bool mask.
@@ -142,7 +147,7 @@ def attention_reference(
     b, sq, hq, d, sk, hkv, dv = _problem("attention_reference", q, k, v)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    var = Variants(causal, tuple(window_size), softcap, alibi_slopes, score_mod, mask_mod)
+    var = Variants(causal, tuple(window_size), softcap, alibi_slopes, score_mod, mask_mod, attn_bias)
     out = torch.zeros((b, hq, sq, dv), dtype=torch.float64, device=q.device)
     lse = torch.full((b, hq, sq), float("-inf"), dtype=torch.float64, device=q.device)
     if b == 0 or hq == 0 or sq == 0 or sk == 0:
@@ -171,14 +176,15 @@ def attention_reference_grads(
     alibi_slopes: torch.Tensor | None = None,
     score_mod: Callable[..., torch.Tensor] | None = None,
     mask_mod: Callable[..., torch.Tensor] | None = None,
+    attn_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of attention in float64 on the tensors' device, variants as ``attention_reference``.
 
     Args: q (b, sq, hq, d), k (b, sk, hkv, d), v (b, sk, hkv, dv), dout (b, sq, hq, dv), any dtype
     and strides. Returns (dq, dk, dv) float64, shaped like q, k, v: the gradients of
     ``attention_reference``'s out for the output gradient dout (GQA: a kv head's gradient sums over
-    its query heads; a query row that sees no key contributes nothing and gets dq = 0; alibi_slopes
-    and the mods' tensors are constants).
+    its query heads; a query row that sees no key contributes nothing and gets dq = 0; alibi_slopes,
+    attn_bias and the mods' tensors are constants).
 
     Closed form, query chunk by query chunk (no autograd graph; memory stays near the forward's):
     P = softmax(S), dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)) ∘ S', where S' is the
@@ -190,7 +196,7 @@ def attention_reference_grads(
         raise ValueError(f"attention_reference_grads: dout must have shape {(b, sq, hq, dv)}, got {tuple(dout.shape)}")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    var = Variants(causal, tuple(window_size), softcap, alibi_slopes, score_mod, mask_mod)
+    var = Variants(causal, tuple(window_size), softcap, alibi_slopes, score_mod, mask_mod, attn_bias)
     group = hq // hkv
     dq = torch.zeros((b, hq, sq, d), dtype=torch.float64, device=q.device)
     dk = torch.zeros((b, hq, sk, d), dtype=torch.float64, device=q.device)
