@@ -311,7 +311,8 @@ def _has_mask(fields: dict[str, Any]) -> bool:
 
 def _block_sparse_default(fields: dict[str, Any]) -> bool:
     """block_sparse when unset: with the built-in masks, whose blocks depend on their tensors (a
-    custom mask_mod opts in; not yet timed on a GPU)."""
+    custom mask_mod opts in: a mask that hides no whole block gains nothing from it, and each new
+    problem costs a classification)."""
     return any(fields.get(name) for name in BUILT_IN_MASKS)
 
 
@@ -764,7 +765,7 @@ class KernelSpec(BaseModel):
     # tile's key blocks, a backward tile's query blocks (of every query head of its kv head). The
     # kernel visits only that range and evaluates the mask_mod only outside the full run. The
     # ranges are cached per problem (fa3gen.block_sparsity) and travel in the last tensor param slot
-    # (BLOCK_RANGES_SLOT). A forward's backward_spec() keeps it. None: off (not yet timed on a GPU).
+    # (BLOCK_RANGES_SLOT). A forward's backward_spec() keeps it. None: _block_sparse_default.
     block_sparse: bool | None = None
     # Independent accumulator chains per row in the softmax's max and sum over a key block (the
     # columns split round-robin, the chains combined at the end): more instruction-level
