@@ -236,7 +236,7 @@ def _q_registers_default(fields: dict[str, Any]) -> bool:
     """q_registers when unset, from a forward spec's raw fields."""
     d = fields.get("head_dim")
     dtype = str(fields.get("dtype", "bf16"))
-    custom = fields.get("score_mod") is not None or _has_mask(fields) or bool(fields.get("bias"))
+    custom = _has_unmeasured_code(fields)
     built_in = sum(bool(fields.get(name)) for name in ("window", "softcap", "alibi"))
     measured = not custom and built_in <= (0 if dtype == "e4m3" else 1)
     max_block_n = Q_REGISTERS_MAX_BLOCK_N.get(dtype)
@@ -302,11 +302,21 @@ BUILT_IN_MASKS: dict[str, tuple[TensorParam, str]] = {
 # given per call (batch, nheads_q, seqlen_q, seqlen_k), any strides (0 broadcasts), after ALiBi and
 # before a score_mod. Its derivative d(score)/d(score) is 1; the bias itself gets no gradient.
 BUILT_IN_BIAS = TensorParam(name="attn_bias", ndim=4, dtype="float32")
+# Each built-in that takes a tensor: its field and the tensor param it passes it as (after the
+# declared params, in this order).
+BUILT_IN_TENSORS: dict[str, TensorParam] = {**{name: param for name, (param, _) in BUILT_IN_MASKS.items()},
+                                            "bias": BUILT_IN_BIAS}
 
 
 def _has_mask(fields: dict[str, Any]) -> bool:
     """A spec's raw fields compile in a per-element mask expression (a mask_mod or a built-in one)."""
     return fields.get("mask_mod") is not None or any(fields.get(name) for name in BUILT_IN_MASKS)
+
+
+def _has_unmeasured_code(fields: dict[str, Any]) -> bool:
+    """A spec's raw fields compile in per-element code the measured defaults were not timed with:
+    a custom score_mod, a mask expression, or the tensor bias."""
+    return fields.get("score_mod") is not None or _has_mask(fields) or bool(fields.get("bias"))
 
 
 def _block_sparse_default(fields: dict[str, Any]) -> bool:
@@ -858,7 +868,7 @@ class KernelSpec(BaseModel):
                 nwg = data.get("num_consumer_warpgroups")
                 # Per-element variant code (ALiBi, score_mod, mask_mod) needs the registers of two
                 # consumer warpgroups (232 each): with three (160 each) hdim 64 spilled 124-176 B.
-                per_element = data.get("alibi") or data.get("bias") or data.get("score_mod") or _has_mask(data)
+                per_element = data.get("alibi") or _has_unmeasured_code(data)
                 if per_element and bm > 2 * WGMMA_M and not isinstance(nwg, int):
                     bm = 2 * WGMMA_M
                 data["block_m"] = WGMMA_M * nwg if isinstance(nwg, int) else bm
@@ -915,7 +925,7 @@ class KernelSpec(BaseModel):
         if data.get("pingpong") is None:
             # fp8: always with two warpgroups (FP8_TILES); 16-bit: with the chained tiles, and
             # without a custom score_mod or mask_mod (PINGPONG_DEFAULT).
-            custom = data.get("score_mod") is not None or _has_mask(data) or bool(data.get("bias"))
+            custom = _has_unmeasured_code(data)
             data["pingpong"] = data.get("num_consumer_warpgroups") == 2 and (
                 data.get("dtype") == "e4m3" or (PINGPONG_DEFAULT and chained and not custom))
         if data.get("warpgroup_key_trim") is None:
@@ -1088,8 +1098,7 @@ class KernelSpec(BaseModel):
         if self.prefix_lm and self.causal:
             raise ValueError("prefix_lm is causal after its prefix by itself; leave causal=False (causal would hide "
                              "the prefix's keys right of the diagonal)")
-        built_ins = [(name, param) for name, (param, _) in BUILT_IN_MASKS.items()] + [("bias", BUILT_IN_BIAS)]
-        for name, param in built_ins:
+        for name, param in BUILT_IN_TENSORS.items():
             if getattr(self, name) and any(p.name == param.name for p in self.params):
                 raise ValueError(f"{name}=True passes its values as the tensor {param.name!r}: a declared param "
                                  "may not take that name")
@@ -1261,9 +1270,8 @@ class KernelSpec(BaseModel):
 
     @property
     def variant_params(self) -> tuple[Param, ...]:
-        """The declared params, then the tensors of the built-in masks and bias that are on."""
-        masks = tuple(param for name, (param, _) in BUILT_IN_MASKS.items() if getattr(self, name))
-        return self.params + masks + ((BUILT_IN_BIAS,) if self.bias else ())
+        """The declared params, then the tensors of the built-ins that are on (BUILT_IN_TENSORS)."""
+        return self.params + tuple(param for name, param in BUILT_IN_TENSORS.items() if getattr(self, name))
 
     @property
     def mask_expr(self) -> str | None:
