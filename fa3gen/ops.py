@@ -734,9 +734,9 @@ def flash_attn_func(
             window and the others); key blocks of other documents are skipped.
         prefix_lengths: int32 (batch,), prefix-LM: query i sees key j iff j < prefix_lengths[b]
             or j <= i + sk - sq (causal after the prefix, whatever `causal` says).
-        attn_bias: float32 (batch, nheads_q, seqlen_q, seqlen_k), any strides (expand() to
-            broadcast): added to the scaled score of query i and key j (after softcap and ALiBi).
-            It gets no gradient.
+        attn_bias: float32 (batch or 1, nheads_q or 1, seqlen_q, seqlen_k), any strides: added
+            to the scaled score of query i and key j (after softcap and ALiBi). One that requires
+            grad gets its gradient, of its own shape (a size-1 batch or head dim sums over them).
         variant_spec: a forward ``KernelSpec`` with custom variants (score_mod, mask_mod, ...),
             whose kernel runs this call; it decides causal (causal=True needs a causal spec) and
             must match q's dtype and head dims. Its built-ins take their values from the
@@ -755,7 +755,8 @@ def flash_attn_func(
     flowing into lse raises NotImplementedError (eager mode). With ``document_ids``,
     ``prefix_lengths``, ``attn_bias`` or ``variant_spec`` the call runs a spec's kernels through a
     torch.autograd.Function (fa3gen.spec_attention: a graph break under torch.compile), the
-    backward's kernel from ``spec.backward_spec()``; their param tensors get no gradient.
+    backward's kernel from ``spec.backward_spec()``; their param tensors other than attn_bias
+    get no gradient (attn_bias's: not with deterministic=True, whose order atomics do not keep).
     """
     if variant_spec is not None or variant_params or any(t is not None for t in (document_ids, prefix_lengths, attn_bias)):
         from .spec_attention import call_params, spec_attention

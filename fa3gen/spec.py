@@ -300,12 +300,15 @@ BUILT_IN_MASKS: dict[str, tuple[TensorParam, str]] = {
 
 # The built-in additive bias (bias=True): score += attn_bias[b, h, q_idx, kv_idx], a float32 tensor
 # given per call (batch, nheads_q, seqlen_q, seqlen_k), any strides (0 broadcasts), after ALiBi and
-# before a score_mod. Its derivative d(score)/d(score) is 1; the bias itself gets no gradient.
+# before a score_mod. Its derivative d(score)/d(score) is 1. A backward kernel with bias_grad=True
+# adds d(loss)/d(attn_bias) into attn_bias_grad, a float32 tensor of the same shape that the caller
+# zeroes (stride 0 where the bias broadcasts: the entries it shares add into one element).
 BUILT_IN_BIAS = TensorParam(name="attn_bias", ndim=4, dtype="float32")
+BUILT_IN_BIAS_GRAD = TensorParam(name="attn_bias_grad", ndim=4, dtype="float32")
 # Each built-in that takes a tensor: its field and the tensor param it passes it as (after the
 # declared params, in this order).
 BUILT_IN_TENSORS: dict[str, TensorParam] = {**{name: param for name, (param, _) in BUILT_IN_MASKS.items()},
-                                            "bias": BUILT_IN_BIAS}
+                                            "bias": BUILT_IN_BIAS, "bias_grad": BUILT_IN_BIAS_GRAD}
 
 
 def _has_mask(fields: dict[str, Any]) -> bool:
@@ -510,6 +513,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "documents": lambda f: False,
     "bias": lambda f: False,
     "prefix_lm": lambda f: False,
+    "bias_grad": lambda f: False,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -807,6 +811,8 @@ class KernelSpec(BaseModel):
     softcap: bool = False
     alibi: bool = False
     bias: bool = False
+    # Backward with bias: also d(loss)/d(attn_bias), added into the tensor param attn_bias_grad.
+    bias_grad: bool = False
     score_mod: ScoreMod | None = None
     mask_mod: MaskMod | None = None
     params: tuple[Param, ...] = ()
@@ -1103,6 +1109,8 @@ class KernelSpec(BaseModel):
                 raise ValueError(f"{name}=True passes its values as the tensor {param.name!r}: a declared param "
                                  "may not take that name")
         check_params(self.variant_params)
+        if self.bias_grad:
+            self._check_bias_grad()
         if self.score_mod is not None:
             check_expression(self.score_mod.expr, "score_mod", self.params, allow_score=True)
             if self.score_mod.grad is not None:
@@ -1111,6 +1119,17 @@ class KernelSpec(BaseModel):
             check_expression(self.mask_mod.expr, "mask_mod", self.params, allow_score=False)
         if self.params and self.score_mod is None and self.mask_mod is None:
             raise ValueError("params are declared but neither score_mod nor mask_mod uses them")
+
+    def _check_bias_grad(self) -> None:
+        if self.kind != "bwd" or not self.bias:
+            raise ValueError("bias_grad adds d(loss)/d(attn_bias) in a backward kernel: it needs kind='bwd' and "
+                             "bias=True (fwd_spec.backward_spec(bias_grad=True))")
+        if self.softcap and self.score_mod is not None:
+            raise ValueError("bias_grad with both softcap and a score_mod is not available: the bias's derivative "
+                             "would need a second per-entry array beside the score's")
+        if self.deterministic:
+            raise ValueError("bias_grad adds each entry's gradient with float atomics in no fixed order, so it is not "
+                             "deterministic: use deterministic=False, or no gradient for attn_bias")
 
     @model_validator(mode="after")
     def _check_hardware_limits(self) -> KernelSpec:
@@ -1273,6 +1292,13 @@ class KernelSpec(BaseModel):
         """The declared params, then the tensors of the built-ins that are on (BUILT_IN_TENSORS)."""
         return self.params + tuple(param for name, param in BUILT_IN_TENSORS.items() if getattr(self, name))
 
+    def tensor_slot(self, name: str) -> int:
+        """The tensor_args slot of the tensor param `name` (declared or built-in)."""
+        for param, array, slot in self.param_slots:
+            if param.name == name and array == "tensor_args":
+                return slot
+        raise KeyError(f"{self.name} has no tensor param {name!r}")
+
     @property
     def mask_expr(self) -> str | None:
         """The kernel's mask expression: the built-in masks' and the mask_mod's, all of which must
@@ -1366,6 +1392,7 @@ class KernelSpec(BaseModel):
             sched += "_kvp" if self.kv_prefetch else ""
             sched += "_bsp" if self.block_sparse else ""
         variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"), (self.bias, "_bias"),
+                                              (self.bias_grad, "_dbias"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod"), (self.documents, "_doc"),
                                               (self.prefix_lm, "_plm")) if on)

@@ -6,14 +6,18 @@ not hold.
 The forward runs ``fa3gen.compile(spec)``; the first backward compiles ``spec.backward_spec()``
 (its deterministic version with deterministic=True). A ``torch.autograd.Function`` rather than a
 registered op: its params are a spec's, any names and types, so ``torch.compile`` sees a graph
-break here. Param tensors (document ids, a bias) get no gradient: one that requires it is refused.
+break here. ``attn_bias`` gets its gradient when it requires one (the backward spec with
+bias_grad=True adds it into a zeroed float32 tensor that broadcasts as the bias does); other param
+tensors get none, and one that requires it is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
+import pydantic
 import torch
 
 from . import ops
@@ -22,11 +26,14 @@ from .variant_args import VariantArgs
 
 
 class _SpecAttention(torch.autograd.Function):
+    # attn_bias is an input of its own (None without one), so autograd gives it its gradient; the
+    # kernels read it from `variant`.
     @staticmethod
-    def forward(ctx, q, k, v, kernel, softmax_scale: float, variant: VariantArgs, deterministic: bool):
+    def forward(ctx, q, k, v, attn_bias, kernel, softmax_scale: float, variant: VariantArgs, deterministic: bool):
         out, lse = ops._forward_impl(q, k, v, softmax_scale, kernel.spec.causal, kernel, variant, meta_checked=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.kernel, ctx.softmax_scale, ctx.variant, ctx.deterministic = kernel, softmax_scale, variant, deterministic
+        ctx.bias_shape = None if attn_bias is None else attn_bias.shape
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient (None), not a tensor of zeros
         return out, lse
 
@@ -38,13 +45,21 @@ class _SpecAttention(torch.autograd.Function):
         nones = (None,) * 4  # kernel, softmax_scale, variant, deterministic
         if dout is None:
             if dlse is None:
-                return (None, None, None, *nones)
+                return (None, None, None, None, *nones)
             dout = torch.zeros_like(out)
-        spec = ctx.kernel.spec
-        bwd_kernel = ops._compile_fn()(spec.backward_spec(deterministic=ctx.deterministic))
+        spec, variant = ctx.kernel.spec, ctx.variant
+        bias_grad = None
+        if ctx.needs_input_grad[3]:
+            # Of the caller's shape; expanded as the bias was, so the kernel adds the entries of a
+            # size-1 batch or head dim into one element.
+            bias_grad = torch.zeros(ctx.bias_shape, dtype=torch.float32, device=q.device)
+            variant = dataclasses.replace(variant, params={**variant.params,
+                                                           "attn_bias_grad": bias_grad.expand(variant.params["attn_bias"].shape)})
+        bwd_spec = spec.backward_spec(deterministic=ctx.deterministic, bias_grad=bias_grad is not None)
         dq, dk, dv = ops._backward_impl(ops._in_kernel_layout(dout), q, k, v, out, lse, ctx.softmax_scale,
-                                        spec.causal, ctx.deterministic, bwd_kernel, variant=ctx.variant)
-        return (dq, dk, dv, *nones)
+                                        spec.causal, ctx.deterministic, ops._compile_fn()(bwd_spec), variant=variant)
+        return (dq, dk, dv, bias_grad, *nones)
+
 
 
 def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantArgs,
@@ -79,16 +94,37 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     """(out, lse) of ``flash_attn_func`` with a variant spec or a built-in mask's tensors; `variant`
     holds the call's values (built-ins by their arguments, params by name)."""
     ops._check_meta(q, k, v)
-    if torch.is_grad_enabled():
-        wanting = sorted(name for name, t in variant.params.items() if isinstance(t, torch.Tensor) and t.requires_grad)
-        if wanting:
-            raise NotImplementedError(f"fa3gen: {', '.join(wanting)} require(s) grad, but param tensors get no gradient "
-                                      "(q, k and v do): detach them")
     spec = _spec_for(q, v, bool(causal), variant, variant_spec)
     variant.check(spec)
+    given_bias = variant.params.get("attn_bias") if spec.bias else None
+    if isinstance(given_bias, torch.Tensor):
+        variant = dataclasses.replace(variant, params={**variant.params, "attn_bias": broadcast_bias(given_bias, q, k)})
+    bias = None
+    if torch.is_grad_enabled():
+        wanting = sorted(name for name, t in variant.params.items() if isinstance(t, torch.Tensor) and t.requires_grad)
+        if given_bias is not None and "attn_bias" in wanting:
+            wanting.remove("attn_bias")
+            bias = given_bias
+            try:  # the gradient's backward spec, refused now rather than at backward
+                spec.backward_spec(deterministic=bool(deterministic), bias_grad=True)
+            except pydantic.ValidationError as err:
+                reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+                raise ValueError(f"fa3gen: attn_bias requires grad, but its gradient is not available: {reason}") from None
+        if wanting:
+            raise NotImplementedError(f"fa3gen: {', '.join(wanting)} require(s) grad, but param tensors other than "
+                                      "attn_bias get no gradient (q, k and v do): detach them")
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     kernel = ops._compile_fn()(spec)
-    return _SpecAttention.apply(q, k, v, kernel, scale, variant, bool(deterministic))
+    return _SpecAttention.apply(q, k, v, bias, kernel, scale, variant, bool(deterministic))
+
+
+def broadcast_bias(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """attn_bias of (batch or 1, nheads_q or 1, seqlen_q, seqlen_k) expanded to the full shape
+    (stride 0 where it broadcasts); any other shape is left for the kernel's check to refuse."""
+    full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    if bias.dim() == 4 and all(n in (m, 1) if d < 2 else n == m for d, (n, m) in enumerate(zip(bias.shape, full))):
+        return bias.expand(full)
+    return bias
 
 
 def call_params(document_ids: torch.Tensor | None, prefix_lengths: torch.Tensor | None,

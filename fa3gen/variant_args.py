@@ -97,6 +97,15 @@ class VariantArgs:
             if isinstance(bias, torch.Tensor) and tuple(bias.shape) != want:
                 raise ValueError(f"fa3gen: attn_bias must have shape (batch, nheads_q, seqlen_q, seqlen_k) = {want}, got "
                                  f"{tuple(bias.shape)} (broadcast with expand(): stride 0)")
+        if spec.bias_grad:
+            grad = self.params["attn_bias_grad"]
+            want = (b, q.shape[2], sq, k.shape[1])
+            if isinstance(grad, torch.Tensor) and tuple(grad.shape) != want:
+                raise ValueError(f"fa3gen: attn_bias_grad must have attn_bias's shape {want}, got {tuple(grad.shape)}")
+            # The kernel adds a tile's entries at int offsets from the tile's first element.
+            if isinstance(grad, torch.Tensor) and (spec.block_m - 1) * grad.stride(2) + (spec.block_n - 1) * grad.stride(3) >= 2**31:
+                raise ValueError(f"fa3gen: attn_bias_grad's row and key strides {grad.stride()[2:]} are too large: a "
+                                 f"{spec.block_m} x {spec.block_n} tile must span fewer than 2^31 elements")
         if spec.prefix_lm:
             lengths = self.params["prefix_lengths"]
             if isinstance(lengths, torch.Tensor) and tuple(lengths.shape) != (b,):

@@ -78,6 +78,9 @@ SPECS = {
 }
 # ... and its backward, whose classifier writes each key block's query block ranges.
 SPECS["bwd_d64_documents_block_sparse"] = SPECS["d64_documents_block_sparse"].backward_spec()
+# The gradient of a bias in a causal window: one fire-and-forget atomic per Sᵀ entry of a step.
+SPECS["bwd_d128_causal_window_bias_grad"] = KernelSpec(head_dim=128, causal=True, window=True,
+                                                       bias=True).backward_spec(bias_grad=True)
 NAMES = list(SPECS)
 # Spill bytes a kernel may have, and why. The causal hdim 256 forward (lpt scheduler, O staged in
 # the V buffer) keeps four per-thread values of its tile epilogue in local memory: two offsets
@@ -222,12 +225,14 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
     # The TMA-store epilogue stages O with stmatrix and writes it with a TMA store; direct does neither.
     tma_epilogue = SPECS[name].stores_o_with_tma
     assert ("UTMASTG" in sass) == tma_epilogue and ("STSM" in sass) == tma_epilogue, SPECS[name].epilogue
-    if SPECS[name].kind == "bwd":
+    spec = SPECS[name]
+    if spec.kind == "bwd":
         # dQ leaves through one bulk reduction per tile (UBLKRED), never per-element global atomics.
         assert "UBLKRED.G.S.ADD.F32" in sass, "no bulk fp32 reduction of the dQ tile"
-        assert not re.search(r"\bREDG?\.E\.ADD\.F32", sass), "per-element dQ atomics"
+        per_entry = len(re.findall(r"\bREDG?\.E\.ADD\.F32", sass))
+        # bias_grad: one per Sᵀ entry a thread holds (block_n x 64 rows over 256 threads), the only ones.
+        assert per_entry == (spec.block_n * spec.block_m // 256 if spec.bias_grad else 0), f"{per_entry} per-element atomics"
     # Register-sourced operands loaded from shared memory once (q_registers, kv_registers) use ldmatrix.
-    spec = SPECS[name]
     if spec.q_registers or spec.kv_registers:
         assert "LDSM" in sass, "no ldmatrix (LDSM) for the operands kept in registers"
     local = re.findall(r"\b(LDL|STL)\b", sass)

@@ -60,11 +60,26 @@ def reference_kernels(monkeypatch):
     def backward(dout, q, k, v, out, lse, scale, causal, deterministic, kernel, variant):
         calls.append(("bwd", kernel.spec, causal, variant))
         mods = reference_variant(kernel.spec, variant, q.shape[1])
+        if kernel.spec.bias_grad:  # as the kernel does: added into the zeroed, broadcasting gradient
+            grad = variant.params["attn_bias_grad"]
+            full = reference_bias_grad(q, k, v, dout, scale, causal, variant.params["attn_bias"],
+                                       mask_mod=mods["mask_mod"], window_size=mods["window_size"])
+            shared = [d for d, stride in enumerate(grad.stride()) if stride == 0]
+            distinct = grad[tuple(slice(0, 1) if d in shared else slice(None) for d in range(4))]
+            distinct.add_((full.sum(dim=shared, keepdim=True) if shared else full).float())  # dim=[]: all
         return tuple(g.to(q.dtype) for g in attention_reference_grads(q, k, v, dout, scale, causal, **mods))
 
     monkeypatch.setattr(ops, "_forward_impl", forward)
     monkeypatch.setattr(ops, "_backward_impl", backward)
     return calls
+
+
+def reference_bias_grad(q, k, v, dout, scale, causal, bias, **mods) -> torch.Tensor:
+    """d(loss)/d(attn_bias) of the float64 reference, by autograd, in the bias's full shape."""
+    with torch.enable_grad():
+        bias = bias.detach().double().requires_grad_()
+        out, _ = attention_reference(q.detach(), k.detach(), v.detach(), scale, causal, attn_bias=bias, **mods)
+        return torch.autograd.grad(out, bias, dout.double())[0]
 
 
 def check_against_reference(q, k, v, out, causal, mask=None, **mods):
@@ -138,7 +153,7 @@ def test_built_in_mask_values_are_checked(reference_kernels):
                           ops.VariantArgs(params={"prefix_lengths": torch.zeros(3, dtype=torch.int32)}), q, k, False)
 
 
-def test_attn_bias_runs_the_bias_kernels_and_refuses_a_bias_that_wants_a_gradient(reference_kernels):
+def test_attn_bias_runs_the_bias_kernels(reference_kernels):
     q, k, v = qkv(b=2, s=8, hq=4)
     bias = torch.randn(1, 4, 8, 8).expand(2, -1, -1, -1)
     out = fa3gen.flash_attn_func(q, k, v, causal=True, window_size=(3, 0), attn_bias=bias)
@@ -146,12 +161,62 @@ def test_attn_bias_runs_the_bias_kernels_and_refuses_a_bias_that_wants_a_gradien
     check_against_reference(q, k, v, out, True, window_size=(3, 0), attn_bias=bias)
     fwd_spec = reference_kernels[0][1]
     assert fwd_spec.bias and fwd_spec.window and fwd_spec.causal and not fwd_spec.block_sparse
-    assert reference_kernels[1][1] == fwd_spec.backward_spec()
-    with pytest.raises(NotImplementedError, match="attn_bias require.* grad, but param tensors get no gradient"):
-        fa3gen.flash_attn_func(q, k, v, attn_bias=torch.zeros(2, 4, 8, 8, requires_grad=True))
-    with torch.no_grad():  # no gradient asked for: fine
-        fa3gen.flash_attn_func(q, k, v, attn_bias=torch.zeros(2, 4, 8, 8, requires_grad=True))
+    assert reference_kernels[1][1] == fwd_spec.backward_spec()  # no gradient for the bias: no bias_grad
     spec = KernelSpec(head_dim=64, bias=True)
     with pytest.raises(ValueError, match=r"attn_bias must have shape \(batch, nheads_q, seqlen_q, seqlen_k\)"):
         ops._fill_variant(ops.FwdParams(), types.SimpleNamespace(spec=spec),
                           ops.VariantArgs(params={"attn_bias": torch.zeros(2, 4, 8, 9)}), q, k, False)
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 4, 8, 8), (1, 4, 8, 8), (1, 1, 8, 8), (2, 1, 8, 8), "expanded"], ids=str)
+def test_attn_bias_that_requires_grad_gets_its_gradient(reference_kernels, bias_shape):
+    """The backward spec with bias_grad adds d(loss)/d(attn_bias) into a zeroed float32 tensor of
+    the caller's shape, expanded as the bias (a size-1 batch or head dim adds into one element);
+    an expand()ed bias gets the gradient of its full shape, which autograd sums to its base."""
+    q, k, v = qkv(b=2, s=8, hq=4)
+    base = torch.randn((1, 4, 8, 8) if bias_shape == "expanded" else bias_shape, requires_grad=True)
+    bias = base.expand(2, 4, 8, 8) if bias_shape == "expanded" else base
+    out = fa3gen.flash_attn_func(q, k, v, causal=True, window_size=(3, 0), attn_bias=bias)
+    dout = torch.randn_like(out)
+    (out.float() * dout.float()).sum().backward()
+    (_, fwd_spec, _, fwd_variant), (_, bwd_spec, _, bwd_variant) = reference_kernels
+    assert bwd_spec == fwd_spec.backward_spec(bias_grad=True)
+    assert fwd_variant.params["attn_bias"].shape == (2, 4, 8, 8)  # the kernels read the full shape
+    grad = bwd_variant.params["attn_bias_grad"]
+    assert grad.dtype == torch.float32 and grad.shape == (2, 4, 8, 8)
+    assert [stride == 0 for stride in grad.stride()] == [size == 1 for size in bias.shape]
+    with torch.enable_grad():
+        base64 = base.detach().double().requires_grad_()
+        ref, _ = attention_reference(q.detach(), k.detach(), v.detach(), None, True, window_size=(3, 0),
+                                     attn_bias=base64.expand(2, 4, 8, 8))
+        ref_grad = torch.autograd.grad(ref, base64, dout.double())[0]
+    assert base.grad is not None and base.grad.shape == base.shape
+    torch.testing.assert_close(base.grad.double(), ref_grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(q.grad.float(), attention_reference_grads(
+        q.detach(), k.detach(), v.detach(), dout, None, True, window_size=(3, 0),
+        attn_bias=bias.expand(2, 4, 8, 8))[0].to(q.dtype).float())
+
+
+def test_attn_bias_gradient_refusals(reference_kernels):
+    q, k, v = qkv(b=2, s=8, hq=4)
+    bias = torch.zeros(2, 4, 8, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="attn_bias requires grad, but its gradient is not available: .*not deterministic"):
+        fa3gen.flash_attn_func(q, k, v, attn_bias=bias, deterministic=True)
+    capped = KernelSpec(head_dim=64, softcap=True, bias=True, score_mod={"expr": "score * 2", "grad": "2"})
+    with pytest.raises(ValueError, match="both softcap and a score_mod is not available"):
+        fa3gen.flash_attn_func(q, k, v, softcap=5.0, attn_bias=bias, variant_spec=capped)
+    with torch.no_grad():  # no gradient asked for: the plain backward spec, nothing refused
+        fa3gen.flash_attn_func(q, k, v, attn_bias=bias, deterministic=True)
+    spec = KernelSpec(head_dim=64, mask_mod={"expr": "table(h, q_idx) > 0"},
+                      params=[{"kind": "tensor", "name": "table", "ndim": 2, "dtype": "float32"}])
+    with pytest.raises(NotImplementedError, match="table require.* grad, but param tensors other than attn_bias"):
+        fa3gen.flash_attn_func(q, k, v, variant_spec=spec, variant_params={"table": torch.ones(4, 8, requires_grad=True)})
+    bwd = types.SimpleNamespace(spec=KernelSpec(head_dim=64, bias=True).backward_spec(bias_grad=True))
+    ok = torch.zeros(2, 4, 8, 8)
+    with pytest.raises(ValueError, match=r"attn_bias_grad must have attn_bias's shape \(2, 4, 8, 8\)"):
+        ops._fill_variant(ops.BwdParams(), bwd, ops.VariantArgs(params={"attn_bias": ok, "attn_bias_grad": ok[:, :, :7]}),
+                          q, k, False)
+    with pytest.raises(ValueError, match="attn_bias_grad's row and key strides .* too large"):
+        huge = torch.empty(8 * 2**26, device="meta").as_strided((2, 4, 8, 8), (0, 0, 2**26, 1))  # no storage
+        ops._fill_variant(ops.BwdParams(), bwd, ops.VariantArgs(params={"attn_bias": ok.to("meta"), "attn_bias_grad": huge}),
+                          q.to("meta"), k.to("meta"), False)

@@ -243,3 +243,31 @@ def test_built_in_bias_adds_a_tensor_to_the_score_forward_and_backward():
     with pytest.raises(ValidationError, match="bias=True passes its values as the tensor 'attn_bias'"):
         KernelSpec(head_dim=64, bias=True, score_mod={"expr": "score + attn_bias(h)"},
                    params=[{"kind": "tensor", "name": "attn_bias", "ndim": 1}])
+
+
+def test_bias_grad_adds_the_bias_gradient_in_the_backward():
+    """bias_grad=True (backward with bias): d(loss)/d(attn_bias) of each entry, the final score's
+    derivative times a score_mod's (the bias comes after soft-capping), goes into the tensor param
+    attn_bias_grad by atomics; left out of the name and JSON at its default."""
+    fwd = KernelSpec(head_dim=128, causal=True, window=True, bias=True)
+    bwd = fwd.backward_spec(bias_grad=True)
+    assert bwd.name.replace("_dbias", "") == fwd.backward_spec().name and "_dbias" in bwd.name
+    assert "bias_grad" not in fwd.backward_spec().canonical_json() and '"bias_grad":true' in bwd.canonical_json()
+    assert [p.name for p in bwd.variant_params] == ["attn_bias", "attn_bias_grad"] and bwd.tensor_slot("attn_bias_grad") == 1
+    code = render(bwd)
+    assert "BiasGradTile const bias_grad = bias_grad_tile(p, n_block, m_block, batch, head);" in code
+    assert "int const slot = 1;" in code and "atomicAdd(base + (row * row_stride + key * key_stride), value)" in code
+    assert "bias_grad.add(get<1>(s_coord(r, c)), get<0>(s_coord(r, c)), ds_rows(r, c));" in code
+    assert "BiasGradTile" not in render(fwd.backward_spec())
+    capped = KernelSpec(head_dim=64, softcap=True, bias=True).backward_spec(bias_grad=True)
+    assert "bias_grad.add(get<1>(s_coord(r, c)), get<0>(s_coord(r, c)), dscore);" in render(capped)
+    for bad, match in ((dict(head_dim=64, bias=True, bias_grad=True), "needs kind='bwd' and bias=True"),
+                       (dict(kind="bwd", head_dim=64, bias_grad=True), "needs kind='bwd' and bias=True"),
+                       (dict(kind="bwd", head_dim=64, bias=True, bias_grad=True, deterministic=True), "not deterministic"),
+                       (dict(kind="bwd", head_dim=64, bias=True, bias_grad=True, softcap=True,
+                             score_mod={"expr": "score", "grad": "1"}), "both softcap and a score_mod")):
+        with pytest.raises(ValidationError, match=match):
+            KernelSpec(**bad)
+    with pytest.raises(ValidationError, match="passes its values as the tensor 'attn_bias_grad'"):
+        KernelSpec(kind="bwd", head_dim=64, bias=True, bias_grad=True, score_mod={"expr": "score + attn_bias_grad(h)", "grad": "1"},
+                   params=[{"kind": "tensor", "name": "attn_bias_grad", "ndim": 1}])
