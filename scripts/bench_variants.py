@@ -42,12 +42,15 @@ def _flex():
         return None, None, f"{type(e).__name__}: {e}"
 
 
-def _variants(slopes: torch.Tensor) -> list[tuple[str, bool, dict[str, Any], Callable | None, Callable | None]]:
+def _variants(slopes: torch.Tensor, bias: torch.Tensor) -> list[tuple[str, bool, dict[str, Any], Callable | None, Callable | None]]:
     """Each variant: (name, causal, flash_attn_func keywords, FlexAttention's score_mod and
-    mask_mod for the same variant). sq == sk, so Flex's top-left masks equal fa3gen's bottom-right ones."""
+    mask_mod for the same variant). sq == sk, so Flex's top-left masks equal fa3gen's bottom-right ones.
+    `bias` (1, h, s, s) requires grad: the learned-bias row's backward gives it its gradient too
+    (FlexAttention's for a captured buffer that requires grad)."""
     causal = lambda b, h, q, kv: kv <= q  # noqa: E731
     softcap = lambda s, b, h, q, kv: SOFTCAP * torch.tanh(s / SOFTCAP)  # noqa: E731
     return [
+        ("learned bias (h, s, s)", False, {"attn_bias": bias}, lambda s, b, h, q, kv: s + bias[0, h, q, kv], None),
         ("plain", False, {}, None, None),
         ("causal", True, {}, None, causal),
         (f"causal, window ({WINDOW}, 0)", True, {"window_size": (WINDOW, 0)},
@@ -76,7 +79,10 @@ def main() -> None:
     ap.add_argument("--pass", dest="passes", choices=("fwd", "bwd", "both"), default="both")
     ap.add_argument("--no-flex", action="store_true",
                     help="leave FlexAttention out (its compiles run beside the timing otherwise)")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated prefixes of the variant names to time (default: all), e.g. 'learned,plain'")
     args = ap.parse_args()
+    wanted = [w.strip() for w in args.variants.split(",") if w.strip()]
     passes = ("fwd", "bwd") if args.passes == "both" else (args.passes,)
     flex, create_block_mask, flex_missing = _flex() if not args.no_flex else (None, None, "--no-flex")
     if flex_missing:
@@ -87,33 +93,39 @@ def main() -> None:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))  # (b, h, s, d) for SDPA, flex
         slopes = torch.rand(h, device="cuda")
+        bias = torch.randn(1, h, s, s, device="cuda", requires_grad=True)
         print(f"\n## bf16 hdim {d}, batch {b}, seqlen {s}, {h} heads\n")
         head = "| case |" + "".join(f" {p} ms | {p} TFLOP/s | flex {p} ms | x flex |" for p in passes)
         print(head + "\n|---|" + "---|---|---|---|" * len(passes))
         # (name, causal, forward, the tensors it differentiates, FlexAttention's forward or None)
-        rows: list[tuple[str, bool, Callable[[], torch.Tensor], tuple[torch.Tensor, ...], Callable | None]] = []
-        for name, causal, kw, score_mod, mask_mod in _variants(slopes):
+        # and the tensors Flex's backward differentiates.
+        rows: list[tuple[str, bool, Callable[[], torch.Tensor], tuple[torch.Tensor, ...], Callable | None,
+                         tuple[torch.Tensor, ...]]] = []
+        for name, causal, kw, score_mod, mask_mod in _variants(slopes, bias):
+            if wanted and not any(name.startswith(w) for w in wanted):
+                continue
+            learned = (bias,) if "attn_bias" in kw else ()  # the backward differentiates it too
             flex_fwd = None
             if flex is not None:
                 block_mask = create_block_mask(mask_mod, b, h, s, s) if mask_mod else None
                 flex_fwd = (lambda sm=score_mod, bm=block_mask: flex(qt, kt, vt, score_mod=sm, block_mask=bm))
             rows.append((name, causal, lambda kw=kw, causal=causal: fa3gen.flash_attn_func(q, k, v, causal=causal, **kw),
-                         (q, k, v), flex_fwd))
+                         (q, k, v, *learned), flex_fwd, (qt, kt, vt, *learned)))
         for causal, name in ((False, "cuDNN plain"), (True, "cuDNN causal")):
             def cudnn(causal=causal):
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-            rows.append((name, causal, cudnn, (qt, kt, vt), None))
+            rows.append((name, causal, cudnn, (qt, kt, vt), None, ()))
         # Every implementation of a pass is timed interleaved with the others (rotated rounds), so
         # none of them gets the GPU's early clocks; their first calls (FlexAttention's compiles,
         # fa3gen's loads) run in the warm-up.
         ms: dict[str, dict[str, float]] = {}  # pass -> implementation -> median ms
         for p in passes:
             fns: dict[str, Callable[[], Any]] = {}
-            for name, _, fwd, inputs, flex_fwd in rows:
+            for name, _, fwd, inputs, flex_fwd, flex_inputs in rows:
                 fns[name] = fwd if p == "fwd" else _backward_timer(fwd, inputs)
                 if flex_fwd is not None:
-                    fns[f"flex {name}"] = flex_fwd if p == "fwd" else _backward_timer(flex_fwd, (qt, kt, vt))
+                    fns[f"flex {name}"] = flex_fwd if p == "fwd" else _backward_timer(flex_fwd, flex_inputs)
             ms[p] = {name: _ms(name, t) for name, t in time_cuda_ms_interleaved(fns, *TIMING).items()}
         for name, causal, *_ in rows:
             cells = []
@@ -125,8 +137,9 @@ def main() -> None:
         for p in passes:  # block skipping: a window against the same kernels without it
             speedups = [f"{w} {ms[p][base] / ms[p][w]:.1f}x faster than {base}" for w, bases in (
                 (f"causal, window ({WINDOW}, 0)", ("causal", "plain")), (f"window ({WINDOW}, {WINDOW})", ("plain",)))
-                for base in bases]
-            print(f"\n{p}: " + "; ".join(speedups))
+                for base in bases if w in ms[p] and base in ms[p]]
+            if speedups:
+                print(f"\n{p}: " + "; ".join(speedups))
 
 
 def _ms(name: str, t: float | Exception) -> float:
