@@ -120,11 +120,14 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
 
 def broadcast_bias(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """attn_bias of (batch or 1, nheads_q or 1, seqlen_q, seqlen_k) expanded to the full shape
-    (stride 0 where it broadcasts); any other shape is left for the kernel's check to refuse."""
+    (stride 0 where it broadcasts), its keys made contiguous where they are not (the kernels
+    read a tile's keys at consecutive addresses); any other shape is left for the kernel's check."""
     full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
-    if bias.dim() == 4 and all(n in (m, 1) if d < 2 else n == m for d, (n, m) in enumerate(zip(bias.shape, full))):
-        return bias.expand(full)
-    return bias
+    if bias.dim() != 4 or not all(n in (m, 1) if d < 2 else n == m for d, (n, m) in enumerate(zip(bias.shape, full))):
+        return bias
+    if bias.shape[3] > 1 and bias.stride(3) != 1:
+        bias = bias.contiguous()
+    return bias.expand(full)
 
 
 def call_params(document_ids: torch.Tensor | None, prefix_lengths: torch.Tensor | None,

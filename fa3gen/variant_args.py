@@ -91,21 +91,11 @@ class VariantArgs:
             if isinstance(ids, torch.Tensor) and tuple(ids.shape) != (b, sq):
                 raise ValueError(f"fa3gen: document_ids must have shape (batch, seqlen) = ({b}, {sq}), got "
                                  f"{tuple(ids.shape)} (a batch row's ids may be shared: ids.expand({b}, -1))")
-        if spec.bias:
-            bias = self.params["attn_bias"]
-            want = (b, q.shape[2], sq, k.shape[1])
-            if isinstance(bias, torch.Tensor) and tuple(bias.shape) != want:
-                raise ValueError(f"fa3gen: attn_bias must have shape (batch, nheads_q, seqlen_q, seqlen_k) = {want}, got "
-                                 f"{tuple(bias.shape)} (broadcast with expand(): stride 0)")
-        if spec.bias_grad:
-            grad = self.params["attn_bias_grad"]
-            want = (b, q.shape[2], sq, k.shape[1])
-            if isinstance(grad, torch.Tensor) and tuple(grad.shape) != want:
-                raise ValueError(f"fa3gen: attn_bias_grad must have attn_bias's shape {want}, got {tuple(grad.shape)}")
-            # The kernel adds a tile's entries at int offsets from the tile's first element.
-            if isinstance(grad, torch.Tensor) and (spec.block_m - 1) * grad.stride(2) + (spec.block_n - 1) * grad.stride(3) >= 2**31:
-                raise ValueError(f"fa3gen: attn_bias_grad's row and key strides {grad.stride()[2:]} are too large: a "
-                                 f"{spec.block_m} x {spec.block_n} tile must span fewer than 2^31 elements")
+        full = (b, q.shape[2], sq, k.shape[1])
+        for on, name in ((spec.bias, "attn_bias"), (spec.bias_grad, "attn_bias_grad")):
+            tensor = self.params[name] if on else None
+            if isinstance(tensor, torch.Tensor):
+                _check_bias_layout(name, tensor, full, spec)
         if spec.prefix_lm:
             lengths = self.params["prefix_lengths"]
             if isinstance(lengths, torch.Tensor) and tuple(lengths.shape) != (b,):
@@ -132,3 +122,17 @@ class VariantArgs:
             p.tensor_args[slot] = value.data_ptr()
             for d in range(MAX_TENSOR_DIMS):
                 p.tensor_strides[slot][d] = int(value.stride(d)) if d < value.dim() else 0
+
+
+def _check_bias_layout(name: str, t: torch.Tensor, full: tuple[int, ...], spec: KernelSpec) -> None:
+    """attn_bias (or its gradient) as the kernels index it: the full shape, keys contiguous, and a
+    tile's rows within int offsets of its first element."""
+    if tuple(t.shape) != full:
+        raise ValueError(f"fa3gen: {name} must have shape (batch, nheads_q, seqlen_q, seqlen_k) = {full}, got "
+                         f"{tuple(t.shape)} (a batch or head dim of 1 broadcasts through flash_attn_func)")
+    if t.shape[3] > 1 and t.stride(3) != 1:
+        raise ValueError(f"fa3gen: {name} must have contiguous keys (stride 1 in its last dim), got strides {t.stride()}")
+    assert spec.block_m is not None and spec.block_n is not None
+    if (spec.block_m - 1) * t.stride(2) + spec.block_n >= 2**31:
+        raise ValueError(f"fa3gen: {name}'s row stride {t.stride(2)} is too large: a {spec.block_m} x {spec.block_n} "
+                         "tile must span fewer than 2^31 elements")

@@ -213,10 +213,26 @@ def test_attn_bias_gradient_refusals(reference_kernels):
         fa3gen.flash_attn_func(q, k, v, variant_spec=spec, variant_params={"table": torch.ones(4, 8, requires_grad=True)})
     bwd = types.SimpleNamespace(spec=KernelSpec(head_dim=64, bias=True).backward_spec(bias_grad=True))
     ok = torch.zeros(2, 4, 8, 8)
-    with pytest.raises(ValueError, match=r"attn_bias_grad must have attn_bias's shape \(2, 4, 8, 8\)"):
+    with pytest.raises(ValueError, match=r"attn_bias_grad must have shape \(batch, nheads_q, seqlen_q, seqlen_k\) = \(2, 4, 8, 8\)"):
         ops._fill_variant(ops.BwdParams(), bwd, ops.VariantArgs(params={"attn_bias": ok, "attn_bias_grad": ok[:, :, :7]}),
                           q, k, False)
-    with pytest.raises(ValueError, match="attn_bias_grad's row and key strides .* too large"):
+    with pytest.raises(ValueError, match="attn_bias must have contiguous keys"):
+        ops._fill_variant(ops.BwdParams(), bwd, ops.VariantArgs(params={"attn_bias": ok.transpose(2, 3), "attn_bias_grad": ok}),
+                          q, k, False)
+    with pytest.raises(ValueError, match="attn_bias_grad's row stride .* too large"):
         huge = torch.empty(8 * 2**26, device="meta").as_strided((2, 4, 8, 8), (0, 0, 2**26, 1))  # no storage
         ops._fill_variant(ops.BwdParams(), bwd, ops.VariantArgs(params={"attn_bias": ok.to("meta"), "attn_bias_grad": huge}),
                           q.to("meta"), k.to("meta"), False)
+
+
+def test_attn_bias_keys_are_made_contiguous_and_broadcast(reference_kernels):
+    """flash_attn_func hands the kernels attn_bias in the full shape with contiguous keys: a
+    transposed bias is copied, a (1, h) one expanded (stride 0) without a copy."""
+    q, k, v = qkv(b=2, s=8, hq=4)
+    shared = torch.randn(1, 4, 8, 8)
+    fa3gen.flash_attn_func(q, k, v, attn_bias=shared)
+    fa3gen.flash_attn_func(q, k, v, attn_bias=shared.transpose(2, 3))
+    given = [variant.params["attn_bias"] for kind, _, _, variant in reference_kernels if kind == "fwd"]
+    assert given[0].stride() == (0, 64, 8, 1) and given[0].data_ptr() == shared.data_ptr()
+    assert given[1].stride()[1:] == (64, 8, 1) and given[1].stride(0) == 0
+    torch.testing.assert_close(given[1][0], shared[0].transpose(1, 2))

@@ -231,13 +231,14 @@ def test_built_in_bias_adds_a_tensor_to_the_score_forward_and_backward():
     assert "_cap_bias" in spec.name and "bias" not in KernelSpec(head_dim=128).canonical_json()
     assert [p.name for p in spec.variant_params] == ["attn_bias"] and spec.has_score_mod
     code = render(spec)
-    assert "fa3gen::TensorArg<float, 4> const attn_bias{" in code and "return attn_bias(b, h, q_idx, kv_idx);" in code
+    # One 64-bit base a tile (keys contiguous), entries at int offsets from it.
+    assert "auto const bias = bias_tile<float const>(p, 0, t.batch, t.head, t.m_block * kBlockM, n_block * kBlockN);" in code
     assert "score modifications: softcap, bias" in code
-    assert "{ score += additive_bias(p, t.batch, t.head, q_idx, kv_idx); }" in code
+    assert "{ score += bias(get<0>(coord(r, 0)), get<1>(coord(r, c))); }" in code
     bwd = spec.backward_spec()
     assert bwd.bias and not bwd.bwd_recomputes_softcap_grad
     assert KernelSpec(kind="bwd", head_dim=128, causal=True, softcap=True).bwd_recomputes_softcap_grad
-    assert "{ score += additive_bias(p, batch, head, row, key); }" in render(bwd)
+    assert "{ score += bias(get<1>(coord(0, c)), get<0>(coord(r, c))); }" in render(bwd)
     with pytest.raises(ValidationError, match="not bias"):
         KernelSpec(head_dim=128, dtype="e4m3", bias=True)
     with pytest.raises(ValidationError, match="bias=True passes its values as the tensor 'attn_bias'"):
@@ -255,12 +256,11 @@ def test_bias_grad_adds_the_bias_gradient_in_the_backward():
     assert "bias_grad" not in fwd.backward_spec().canonical_json() and '"bias_grad":true' in bwd.canonical_json()
     assert [p.name for p in bwd.variant_params] == ["attn_bias", "attn_bias_grad"] and bwd.tensor_slot("attn_bias_grad") == 1
     code = render(bwd)
-    assert "BiasGradTile const bias_grad = bias_grad_tile(p, n_block, m_block, batch, head);" in code
-    assert "int const slot = 1;" in code and "atomicAdd(base + (row * row_stride + key * key_stride), value)" in code
-    assert "bias_grad.add(get<1>(s_coord(r, c)), get<0>(s_coord(r, c)), ds_rows(r, c));" in code
-    assert "BiasGradTile" not in render(fwd.backward_spec())
+    assert "auto const bias_grad = bias_tile<float>(p, 1, batch, head, m_block * kBlockM, n_block * kBlockN);" in code
+    assert "float const dbias = ds_rows(r, c);" in code and "atomicAdd(&bias_grad(row, key), dbias);" in code
+    assert "bias_tile<float>(" not in render(fwd.backward_spec())
     capped = KernelSpec(head_dim=64, softcap=True, bias=True).backward_spec(bias_grad=True)
-    assert "bias_grad.add(get<1>(s_coord(r, c)), get<0>(s_coord(r, c)), dscore);" in render(capped)
+    assert "float const dbias = dscore;" in render(capped)
     for bad, match in ((dict(head_dim=64, bias=True, bias_grad=True), "needs kind='bwd' and bias=True"),
                        (dict(kind="bwd", head_dim=64, bias_grad=True), "needs kind='bwd' and bias=True"),
                        (dict(kind="bwd", head_dim=64, bias=True, bias_grad=True, deterministic=True), "not deterministic"),
