@@ -1,6 +1,6 @@
 """ALiBi: each head's scores get -slope * |i + sk - sq - j| added, the slopes a float32 tensor of
 (nheads,) or (batch, nheads) given per call (no gradient flows into them). And an additive bias
-from a tensor (attn_bias, fp32 (batch or 1, nheads or 1, seqlen_q, seqlen_k), any strides): here a
+from a tensor (attn_bias, fp32 (batch or 1, nheads or 1, seqlen_q, seqlen_k)): here a
 relative position bias per head and distance, shared by the batch, then learned: its table requires
 grad, and the gradient flows through attn_bias into it (FlexAttention's learnable bias buffer).
 

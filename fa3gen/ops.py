@@ -734,9 +734,10 @@ def flash_attn_func(
             window and the others); key blocks of other documents are skipped.
         prefix_lengths: int32 (batch,), prefix-LM: query i sees key j iff j < prefix_lengths[b]
             or j <= i + sk - sq (causal after the prefix, whatever `causal` says).
-        attn_bias: float32 (batch or 1, nheads_q or 1, seqlen_q, seqlen_k), any strides: added
-            to the scaled score of query i and key j (after softcap and ALiBi). One that requires
-            grad gets its gradient, of its own shape (a size-1 batch or head dim sums over them).
+        attn_bias: float32 (batch or 1, nheads_q or 1, seqlen_q, seqlen_k), added to the scaled
+            score of query i and key j (after softcap and ALiBi); copied where its keys are not
+            contiguous. One that requires grad gets its gradient, of its own shape (a size-1
+            batch or head dim sums over them).
         variant_spec: a forward ``KernelSpec`` with custom variants (score_mod, mask_mod, ...),
             whose kernel runs this call; it decides causal (causal=True needs a causal spec) and
             must match q's dtype and head dims. Its built-ins take their values from the

@@ -299,7 +299,7 @@ BUILT_IN_MASKS: dict[str, tuple[TensorParam, str]] = {
 
 
 # The built-in additive bias (bias=True): score += attn_bias[b, h, q_idx, kv_idx], a float32 tensor
-# given per call (batch, nheads_q, seqlen_q, seqlen_k), any strides (0 broadcasts), after ALiBi and
+# given per call (batch, nheads_q, seqlen_q, seqlen_k), keys contiguous (0 strides broadcast), after ALiBi and
 # before a score_mod. Its derivative d(score)/d(score) is 1. A backward kernel with bias_grad=True
 # adds d(loss)/d(attn_bias) into attn_bias_grad, a float32 tensor of the same shape that the caller
 # zeroes (stride 0 where the bias broadcasts: the entries it shares add into one element).

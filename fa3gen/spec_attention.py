@@ -61,7 +61,6 @@ class _SpecAttention(torch.autograd.Function):
         return (dq, dk, dv, bias_grad, *nones)
 
 
-
 def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantArgs,
               variant_spec: KernelSpec | None) -> KernelSpec:
     """The forward spec of a call: the caller's variant spec (which decides causal), or the
