@@ -16,7 +16,7 @@
 #     ablation  `fa3gen bench --ablation` (FA3 paper's ablation through spec switches)
 #     profile   ncu (Speed of Light, compute and memory workload, warp states) of fa3gen and cuDNN on
 #               the cases of $PROFILE_CASES (default "128 512;128 512 causal"): checks.log
-#     variants  examples/variants.py (fp64 checks) and scripts/bench_variants.py (variant timings): bench.md
+#     variants  each examples/*.py (fp64 checks) and scripts/bench_variants.py (variant timings): bench.md
 #     bwd       scripts/bwd_smoke.py $BWD_ARGS (default --time): backward fp64 checks and TFLOP/s: bench.md
 #     compare   scripts/kernel_smoke.py --time on each spec of $COMPARE_SPECS (JSON specs, ';'-separated):
 #               fp64 checks, then TFLOP/s beside cuDNN in one process (quick A/B of spec variants)
@@ -206,7 +206,12 @@ step_compare() {
 
 step_variants() {
   local rc=0
-  timeout 120 "$PY" examples/variants.py || rc=1
+  local example
+  for example in examples/*.py; do
+    [[ $(basename "$example") == common.py ]] && continue
+    echo "--- $example ---"
+    timeout 120 "$PY" "$example" || rc=1
+  done
   timeout "${BENCH_TIMEOUT:-300}" "$PY" scripts/bench_variants.py || rc=1
   return $rc
 }

@@ -25,12 +25,17 @@ PINGPONG_SPEC = KernelSpec(head_dim=128, causal=True, pingpong=True)  # device_r
 
 
 def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
+    import custom_mask_mod
+    import custom_score_mod
+    import documents_and_prefix_lm
+    import test_bias_grad_gpu
+    import test_block_sparse_gpu
     import test_bwd_gpu
     import test_fp8_gpu
     import test_switches_gpu
+    import test_tensor_built_ins_gpu
     import test_variants_bwd_gpu
     import test_variants_gpu
-    import variants as variant_examples
 
     specs = list(REGISTRY.values())
     specs += [KernelSpec(**{**s.model_dump(), "deterministic": True}) for s in REGISTRY.values() if s.kind == "bwd"]
@@ -41,9 +46,12 @@ def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
     # test_bwd_gpu's kernel pairs that must agree bit for bit.
     specs += [test_bwd_gpu.agreement_spec(field, value, *case[:4])
               for field, (values, cases) in test_bwd_gpu.AGREEMENTS.items() for case in cases for value in values]
-    specs += [variant_examples.DOCUMENTS_IN_A_WINDOW, variant_examples.SCALED_RELATIVE_BIAS,
-              variant_examples.DOCUMENTS_IN_A_WINDOW.backward_spec()]
-    # examples/variants.py differentiates a causal window + softcap through flash_attn_func.
+    specs += list(test_block_sparse_gpu.SPECS) + list(test_tensor_built_ins_gpu.SPECS) + test_bias_grad_gpu._specs()
+    # The examples' own specs (forward and backward: each differentiates through flash_attn_func).
+    for fwd in (custom_mask_mod.DOCUMENTS_IN_A_WINDOW, custom_mask_mod.PREFIX_LM, custom_score_mod.RELATIVE_BIAS,
+                documents_and_prefix_lm.DOCUMENTS, documents_and_prefix_lm.PREFIX_LM):
+        specs += [fwd, fwd.backward_spec()]
+    # examples/softcap.py differentiates a causal window + softcap through flash_attn_func.
     specs += [registry.default_spec(128, 128, "bf16", True, window=True, softcap=True),
               registry.default_bwd_spec(128, 128, "bf16", True, window=True, softcap=True)]
     specs += [s for s in ablation.variants().values() if s is not None]
