@@ -234,7 +234,18 @@ def test_built_in_bias_adds_a_tensor_to_the_score_forward_and_backward():
     # One 64-bit base a tile (keys contiguous), entries at int offsets from it.
     assert "auto const bias = bias_tile<float const>(p, 0, t.batch, t.head, t.m_block * kBlockM, n_block * kBlockN);" in code
     assert "score modifications: softcap, bias" in code
-    assert "{ score += bias(get<0>(coord(r, 0)), get<1>(coord(r, c))); }" in code
+    # A block's entries are loaded once its GEMMs are issued, before their wait (both loops), in
+    # pairs of adjacent keys where a tile is inside the problem, and added after soft-capping.
+    assert code.count("auto const bias_values = load_bias(p, s_coord, t, n_block);  // loads under the GEMMs") == 2
+    loop = code[code.index("for (int n_block = blocks.end - 2; n_block >= blocks.begin; --n_block)"):]
+    assert loop.index("load_bias(") < loop.index("warpgroup_wait<1>()") < loop.index("apply_score_mods(")
+    assert "float2 const pair = *reinterpret_cast<float2 const*>(&bias(" in code
+    assert code.index("fa3gen::tanh_approx(") < code.index("score += bias_values(r, c);")
+    # A persistent static schedule with a bias runs a (head, query block)'s batch side by side, so a
+    # bias the batch shares is read from DRAM once; other kernels keep each (batch, head) together.
+    static_bias = KernelSpec(head_dim=128, bias=True)
+    assert static_bias.scheduler == "static" and "int const batch = tile % p.batch;" in render(static_bias)
+    assert "int const batch = tile % p.batch;" not in render(KernelSpec(head_dim=128))
     bwd = spec.backward_spec()
     assert bwd.bias and not bwd.bwd_recomputes_softcap_grad
     assert KernelSpec(kind="bwd", head_dim=128, causal=True, softcap=True).bwd_recomputes_softcap_grad
