@@ -734,7 +734,8 @@ def flash_attn_func(
             window and the others); key blocks of other documents are skipped.
         prefix_lengths: int32 (batch,), prefix-LM: query i sees key j iff j < prefix_lengths[b]
             or j <= i + sk - sq (causal after the prefix, whatever `causal` says).
-        attn_bias: float32 (batch or 1, nheads_q or 1, seqlen_q, seqlen_k), added to the scaled
+        attn_bias: float32, bfloat16 or float16 (batch or 1, nheads_q or 1, seqlen_q, seqlen_k),
+            read in its own dtype (a 16-bit one is half the bytes) and added in fp32 to the scaled
             score of query i and key j (after softcap and ALiBi); copied where its keys are not
             contiguous. One that requires grad gets its gradient, of its own shape (a size-1
             batch or head dim sums over them).

@@ -234,9 +234,11 @@ def _canonical_problem(head_dim: int, head_dim_v: int, dtype: str) -> str:
 
 def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
                  softcap: bool = False, alibi: bool = False, seqlen_q: int | str | None = None,
-                 documents: bool = False, prefix_lm: bool = False, bias: bool = False) -> KernelSpec:
+                 documents: bool = False, prefix_lm: bool = False, bias: bool = False,
+                 bias_dtype: str = "float32") -> KernelSpec:
     """The forward spec to use for a problem: the registry's when present, else the per-head-dim
-    defaults (with the built-in variants, masks and bias asked for). seqlen_q (a length, or the bucket
+    defaults (with the built-in variants, masks and bias asked for; bias_dtype: attn_bias's element
+    type, "float32", "bfloat16" or "float16"). seqlen_q (a length, or the bucket
     "short" or "long" of seqlen_bucket) picks the registry's tiles for that query length (SEQLEN_TILES)."""
     canonical = _canonical_problem(head_dim, head_dim_v, dtype)
     if head_dim_v == head_dim and not (window or softcap or alibi or documents or prefix_lm or bias):
@@ -247,7 +249,7 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
     # A pydantic ValidationError (a ValueError) names the limit if this combination does not fit.
     return KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal),
                       window=bool(window), softcap=bool(softcap), alibi=bool(alibi), documents=bool(documents),
-                      prefix_lm=bool(prefix_lm), bias=bool(bias))
+                      prefix_lm=bool(prefix_lm), bias=bool(bias), bias_dtype=bias_dtype if bias else "float32")
 
 
 def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False,

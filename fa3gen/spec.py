@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .abi import MAX_TENSOR_ARGS
-from .variant import MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params, names_used
+from .variant import CPP_TYPES, MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params, names_used
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SMEM_BUDGET_BYTES = 227 * 1024  # per thread block on H100/H200
@@ -298,12 +298,13 @@ BUILT_IN_MASKS: dict[str, tuple[TensorParam, str]] = {
 }
 
 
-# The built-in additive bias (bias=True): score += attn_bias[b, h, q_idx, kv_idx], a float32 tensor
-# given per call (batch, nheads_q, seqlen_q, seqlen_k), keys contiguous (0 strides broadcast), after ALiBi and
+# The built-in additive bias (bias=True): score += attn_bias[b, h, q_idx, kv_idx], a float32 (or
+# bias_dtype's 16-bit) tensor given per call (batch, nheads_q, seqlen_q, seqlen_k), keys contiguous (0 strides broadcast), after ALiBi and
 # before a score_mod. Its derivative d(score)/d(score) is 1. A backward kernel with bias_grad=True
 # adds d(loss)/d(attn_bias) into attn_bias_grad, a float32 tensor of the same shape that the caller
 # zeroes (stride 0 where the bias broadcasts: the entries it shares add into one element).
 BUILT_IN_BIAS = TensorParam(name="attn_bias", ndim=4, dtype="float32")
+_BIAS_DTYPE_TAGS = {"float32": "", "bfloat16": "_bf16", "float16": "_fp16"}
 BUILT_IN_BIAS_GRAD = TensorParam(name="attn_bias_grad", ndim=4, dtype="float32")
 # Each built-in that takes a tensor: its field and the tensor param it passes it as (after the
 # declared params, in this order).
@@ -514,12 +515,13 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "bias": lambda f: False,
     "prefix_lm": lambda f: False,
     "bias_grad": lambda f: False,
+    "bias_dtype": lambda f: "float32",
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
 # The attention variants a spec can compile in.
 _VARIANT_FIELDS = ("window", "softcap", "alibi", "bias", "score_mod", "mask_mod", *BUILT_IN_MASKS)
-_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", *_VARIANT_FIELDS, "params")
+_PROBLEM_FIELDS = ("head_dim", "head_dim_v", "dtype", "out_dtype", "causal", *_VARIANT_FIELDS, "bias_dtype", "params")
 
 
 def _has_variant(fields: dict[str, Any]) -> bool:
@@ -811,6 +813,9 @@ class KernelSpec(BaseModel):
     softcap: bool = False
     alibi: bool = False
     bias: bool = False
+    # The element type of attn_bias: float32, or 16 bits as a bf16/fp16 model holds it (half the
+    # bytes a kernel reads; torch SDPA's attn_mask takes q's dtype). Values are added in fp32.
+    bias_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # Backward with bias: also d(loss)/d(attn_bias), added into the tensor param attn_bias_grad.
     bias_grad: bool = False
     score_mod: ScoreMod | None = None
@@ -1109,6 +1114,8 @@ class KernelSpec(BaseModel):
                 raise ValueError(f"{name}=True passes its values as the tensor {param.name!r}: a declared param "
                                  "may not take that name")
         check_params(self.variant_params)
+        if self.bias_dtype != "float32" and not self.bias:
+            raise ValueError(f"bias_dtype={self.bias_dtype!r} is the element type of attn_bias: it needs bias=True")
         if self.bias_grad:
             self._check_bias_grad()
         if self.score_mod is not None:
@@ -1290,7 +1297,16 @@ class KernelSpec(BaseModel):
     @property
     def variant_params(self) -> tuple[Param, ...]:
         """The declared params, then the tensors of the built-ins that are on (BUILT_IN_TENSORS)."""
-        return self.params + tuple(param for name, param in BUILT_IN_TENSORS.items() if getattr(self, name))
+        return self.params + tuple(self._built_in_tensor(name, param) for name, param in BUILT_IN_TENSORS.items()
+                                   if getattr(self, name))
+
+    def _built_in_tensor(self, name: str, param: TensorParam) -> TensorParam:
+        return param.model_copy(update={"dtype": self.bias_dtype}) if name == "bias" else param
+
+    @property
+    def bias_element(self) -> str:
+        """The C++ element type of attn_bias (bias_dtype)."""
+        return CPP_TYPES[self.bias_dtype]
 
     def tensor_slot(self, name: str) -> int:
         """The tensor_args slot of the tensor param `name` (declared or built-in)."""
@@ -1391,7 +1407,7 @@ class KernelSpec(BaseModel):
             sched += f"_p{self.producer_registers}" if self.producer_registers != BWD_PRODUCER_REGISTERS_DEFAULT else ""
             sched += "_kvp" if self.kv_prefetch else ""
             sched += "_bsp" if self.block_sparse else ""
-        variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"), (self.bias, "_bias"),
+        variant = "".join(tag for on, tag in ((self.window, "_win"), (self.softcap, "_cap"), (self.alibi, "_alibi"), (self.bias, "_bias" + _BIAS_DTYPE_TAGS[self.bias_dtype]),
                                               (self.bias_grad, "_dbias"),
                                               (self.score_mod is not None, "_smod"),
                                               (self.mask_mod is not None, "_mmod"), (self.documents, "_doc"),

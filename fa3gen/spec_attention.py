@@ -33,7 +33,7 @@ class _SpecAttention(torch.autograd.Function):
         out, lse = ops._forward_impl(q, k, v, softmax_scale, kernel.spec.causal, kernel, variant, meta_checked=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.kernel, ctx.softmax_scale, ctx.variant, ctx.deterministic = kernel, softmax_scale, variant, deterministic
-        ctx.bias_shape = None if attn_bias is None else attn_bias.shape
+        ctx.bias_shape, ctx.bias_dtype = (None, None) if attn_bias is None else (attn_bias.shape, attn_bias.dtype)
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient (None), not a tensor of zeros
         return out, lse
 
@@ -58,7 +58,8 @@ class _SpecAttention(torch.autograd.Function):
         bwd_spec = spec.backward_spec(deterministic=ctx.deterministic, bias_grad=bias_grad is not None)
         dq, dk, dv = ops._backward_impl(ops._in_kernel_layout(dout), q, k, v, out, lse, ctx.softmax_scale,
                                         spec.causal, ctx.deterministic, ops._compile_fn()(bwd_spec), variant=variant)
-        return (dq, dk, dv, bias_grad, *nones)
+        # Added up in float32; returned in the bias's own dtype.
+        return (dq, dk, dv, None if bias_grad is None else bias_grad.to(ctx.bias_dtype), *nones)
 
 
 def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantArgs,
@@ -69,10 +70,11 @@ def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantAr
         from .registry import default_spec
 
         prefix_lm = "prefix_lengths" in variant.params  # causal after the prefix by itself
+        bias = variant.params.get("attn_bias")
         return default_spec(q.shape[-1], v.shape[-1], ops._DTYPES[q.dtype], causal and not prefix_lm,
                             window=variant.window, softcap=variant.softcap > 0,
                             alibi=variant.alibi_slopes is not None, documents="document_ids" in variant.params,
-                            prefix_lm=prefix_lm, bias="attn_bias" in variant.params)
+                            prefix_lm=prefix_lm, bias=bias is not None, bias_dtype=_bias_dtype(bias))
     if not isinstance(variant_spec, KernelSpec) or variant_spec.kind != "fwd" or variant_spec.is_fp8:
         raise TypeError("fa3gen: variant_spec must be a 16-bit forward KernelSpec (its backward_spec() gives the "
                         f"gradients), got {getattr(variant_spec, 'name', variant_spec)!r}")
@@ -85,6 +87,18 @@ def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantAr
                          f"{variant_spec.head_dim} and head_dim_v {variant_spec.head_dim_v}; got {want[0]} with "
                          f"head_dim {want[1]} and head_dim_v {want[2]}")
     return variant_spec
+
+
+_BIAS_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _bias_dtype(bias: Any) -> str:
+    """The bias_dtype of a call's attn_bias (float32 where there is none)."""
+    if not isinstance(bias, torch.Tensor):
+        return "float32"
+    if bias.dtype not in _BIAS_DTYPES:
+        raise ValueError(f"fa3gen: attn_bias must be float32, bfloat16 or float16, got {bias.dtype}")
+    return _BIAS_DTYPES[bias.dtype]
 
 
 def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None, causal: bool,

@@ -84,6 +84,8 @@ SPECS["bwd_d128_causal_window_bias_grad"] = KernelSpec(head_dim=128, causal=True
 # A learned bias (attn_bias): each key block's entries loaded right after its GEMMs are issued,
 # in pairs of adjacent keys where a tile is inside the problem.
 SPECS["d128_bias"] = KernelSpec(head_dim=128, bias=True)
+# ... and one in bf16 (bias_dtype), its key pairs kept packed in 32-bit registers: no spills.
+SPECS["d128_bias_bf16"] = KernelSpec(head_dim=128, bias=True, bias_dtype="bfloat16")
 NAMES = list(SPECS)
 # Spill bytes a kernel may have, and why. The causal hdim 256 forward (lpt scheduler, O staged in
 # the V buffer) keeps four per-thread values of its tile epilogue in local memory: two offsets
@@ -258,13 +260,14 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kind == "fwd" and SPECS[n].bias])
 def test_sass_bias_loads_in_pairs(builds: dict[str, BuildResult], name: str) -> None:
-    """attn_bias: the key-block loop reads a thread's block_m x block_n / 256 bias entries as 8-byte
-    pairs of adjacent keys (a tile inside the problem, rows 8-byte aligned), else one by one (the
-    problem's edges): both versions, no other global loads."""
+    """attn_bias: the key-block loop reads a thread's block_m x block_n / 256 bias entries as pairs
+    of adjacent keys (8 bytes fp32, 4 bytes 16-bit; a tile inside the problem, rows aligned), else
+    one by one (the problem's edges): both versions, no other global loads."""
     spec, loop = SPECS[name], key_block_loop(_sass(builds[name]))
     entries = spec.block_m * spec.block_n // (128 * spec.num_consumer_warpgroups)
-    pairs = [t for t in loop if re.search(r"\bLDG\.E\.64\b", t)]
-    singles = [t for t in loop if re.search(r"\bLDG\.E\b(?!\.)", t)]
+    pair_op, single_op = (r"LDG\.E\.64\b", r"LDG\.E\b(?!\.)") if spec.bias_dtype == "float32" else (r"LDG\.E\b(?!\.)", r"LDG\.E\.U16\b")
+    pairs = [t for t in loop if re.search(r"\b" + pair_op, t)]
+    singles = [t for t in loop if re.search(r"\b" + single_op, t)]
     assert len(pairs) == entries // 2 and len(singles) == entries, (len(pairs), len(singles))
 
 

@@ -282,3 +282,41 @@ def test_bias_grad_adds_the_bias_gradient_in_the_backward():
     with pytest.raises(ValidationError, match="passes its values as the tensor 'attn_bias_grad'"):
         KernelSpec(kind="bwd", head_dim=64, bias=True, bias_grad=True, score_mod={"expr": "score + attn_bias_grad(h)", "grad": "1"},
                    params=[{"kind": "tensor", "name": "attn_bias_grad", "ndim": 1}])
+
+
+@pytest.mark.parametrize("dtype, element, native, pair, to_float2", [
+    ("bfloat16", "cutlass::bfloat16_t", "__nv_bfloat16", "__nv_bfloat162", "__bfloat1622float2"),
+    ("float16", "cutlass::half_t", "__half", "__half2", "__half22float2")])
+def test_bias_dtype_reads_a_16_bit_bias_as_it_is(dtype, element, native, pair, to_float2):
+    """bias_dtype: attn_bias in 16 bits (what a bf16/fp16 model holds; torch SDPA's attn_mask takes
+    q's dtype) is read as such, pairs of adjacent keys as one 4-byte word, and added in fp32, in
+    the forward and the backward; its gradient is still added up in fp32. float32 stays the
+    default and is left out of the JSON, so the fp32 bias kernels keep their sources."""
+    from fa3gen import registry
+    from fa3gen.spec_attention import _bias_dtype
+
+    spec = KernelSpec(head_dim=128, bias=True, bias_dtype=dtype)
+    assert spec.bias_element == element and spec.name.startswith(f"fwd_d128_bf16_bias_{dtype[0]}")
+    assert [(p.name, p.dtype) for p in spec.variant_params] == [("attn_bias", dtype)]
+    assert "bias_dtype" not in KernelSpec(head_dim=128, bias=True).canonical_json()
+    assert f'"bias_dtype":"{dtype}"' in spec.canonical_json()
+    code = render(spec)
+    # Pairs of adjacent keys loaded as one 4-byte word and kept packed (half the registers of fp32
+    # values) until the score converts its entry.
+    assert f"bias_tile<{native} const>(p, 0, t.batch, t.head" in code
+    assert f"Tensor values = make_tensor<{pair}>(" in code
+    assert f"values(r, c / 2) = *reinterpret_cast<{pair} const*>(&bias(" in code
+    assert f"sizeof({native})) % 4) == 0;" in code
+    assert f"float2 const pair = {to_float2}(values(r, c / 2));" in code
+    assert "score += bias_value(bias_values, r, c);" in code
+    bwd = spec.backward_spec(bias_grad=True)
+    assert bwd.bias_dtype == dtype and f"_bias_{dtype[0]}" in bwd.name
+    bwd_code = render(bwd)
+    assert f"bias_tile<{element} const>(p, 0, batch, head" in bwd_code and "score += float(bias(" in bwd_code
+    assert "auto const bias_grad = bias_tile<float>(" in bwd_code
+    assert registry.default_spec(128, 128, "bf16", False, bias=True, bias_dtype=dtype) == spec
+    assert _bias_dtype(torch.zeros(1, dtype=getattr(torch, dtype))) == dtype and _bias_dtype(None) == "float32"
+    with pytest.raises(ValueError, match="attn_bias must be float32, bfloat16 or float16"):
+        _bias_dtype(torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValidationError, match="needs bias=True"):
+        KernelSpec(head_dim=128, bias_dtype=dtype)

@@ -3,7 +3,8 @@ autograd): d(attn_bias) against float64 autograd through the reference, and agai
 gradient of the same bias in the same dtype (ours within 2x of its error). Bias shapes that
 broadcast over the batch or the heads (the kernel adds their entries into one element), GQA, causal
 with seqlen_q != seqlen_k, a window, hdim 256 (the backward that splits the head dim), soft-capping
-before the bias and a score_mod after it. dq, dk, dv of the same calls against float64 too."""
+before the bias and a score_mod after it, bf16 and fp16 biases (bias_dtype; their gradient returned
+in their dtype). dq, dk, dv of the same calls against float64 too."""
 
 from __future__ import annotations
 
@@ -39,15 +40,21 @@ CASES = [
     ("d128_softcap", 2, 600, 600, 4, 2, 128, torch.bfloat16, (1, 4), dict(causal=True, softcap=20.0)),
     ("d128_score_mod", 2, 600, 600, 4, 2, 128, torch.bfloat16, (2, 4),
      dict(variant_spec=SCALED_BIAS, variant_params={"gain": 0.75})),
+    ("d128_bf16_bias", 2, 1000, 1000, 4, 2, 128, torch.bfloat16, (1, 4), dict(causal=True)),
+    ("d64_fp16_bias_window", 2, 777, 1000, 4, 4, 64, torch.float16, (2, 1), dict(causal=True, window_size=(200, 0))),
 ]
+# The attn_bias dtype of a case (bias_dtype), float32 where not named: 16-bit biases are read as they are.
+BIAS_DTYPES = {"d128_bf16_bias": torch.bfloat16, "d64_fp16_bias_window": torch.float16}
+_BIAS_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _specs() -> list[KernelSpec]:
     specs = []
-    for _, _, _, _, _, _, d, dtype, _, kw in CASES:
+    for name, _, _, _, _, _, d, dtype, _, kw in CASES:
         fwd = kw.get("variant_spec") or fa3gen.default_spec(
             d, d, "bf16" if dtype == torch.bfloat16 else "fp16", kw.get("causal", False),
-            window="window_size" in kw, softcap="softcap" in kw, bias=True)
+            window="window_size" in kw, softcap="softcap" in kw, bias=True,
+            bias_dtype=_BIAS_DTYPE_NAMES[BIAS_DTYPES.get(name, torch.float32)])
         specs += [fwd, fwd.backward_spec(bias_grad=True)]
     return specs
 
@@ -98,11 +105,12 @@ def test_bias_gradient(case):
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
-    base = torch.randn(bb, bh, sq, sk, device="cuda", generator=gen).requires_grad_()
+    bias_dtype = BIAS_DTYPES.get(name, torch.float32)
+    base = torch.randn(bb, bh, sq, sk, device="cuda", generator=gen).to(bias_dtype).requires_grad_()
     out = fa3gen.flash_attn_func(q, k, v, attn_bias=base, **kw)
     dout = torch.randn(out.shape, device="cuda", dtype=dtype, generator=gen)
     out.backward(dout)
-    assert base.grad is not None and base.grad.shape == base.shape and base.grad.dtype == torch.float32
+    assert base.grad is not None and base.grad.shape == base.shape and base.grad.dtype == bias_dtype
     assert torch.isfinite(base.grad).all()
 
     mods = _reference_mods(kw)
