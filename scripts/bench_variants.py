@@ -42,15 +42,18 @@ def _flex():
         return None, None, f"{type(e).__name__}: {e}"
 
 
-def _variants(slopes: torch.Tensor, bias: torch.Tensor) -> list[tuple[str, bool, dict[str, Any], Callable | None, Callable | None]]:
+def _variants(slopes: torch.Tensor, bias: torch.Tensor,
+              bias16: torch.Tensor) -> list[tuple[str, bool, dict[str, Any], Callable | None, Callable | None]]:
     """Each variant: (name, causal, flash_attn_func keywords, FlexAttention's score_mod and
     mask_mod for the same variant). sq == sk, so Flex's top-left masks equal fa3gen's bottom-right ones.
-    `bias` (1, h, s, s) requires grad: the learned-bias row's backward gives it its gradient too
-    (FlexAttention's for a captured buffer that requires grad)."""
+    `bias` (1, h, s, s, float32) and `bias16` (the same in bf16, read as it is: bias_dtype)
+    require grad: the learned-bias rows' backward gives them their gradient too (FlexAttention's
+    for a captured buffer that requires grad)."""
     causal = lambda b, h, q, kv: kv <= q  # noqa: E731
     softcap = lambda s, b, h, q, kv: SOFTCAP * torch.tanh(s / SOFTCAP)  # noqa: E731
     return [
         ("learned bias (h, s, s)", False, {"attn_bias": bias}, lambda s, b, h, q, kv: s + bias[0, h, q, kv], None),
+        ("learned bias bf16 (h, s, s)", False, {"attn_bias": bias16}, lambda s, b, h, q, kv: s + bias16[0, h, q, kv], None),
         ("plain", False, {}, None, None),
         ("causal", True, {}, None, causal),
         (f"causal, window ({WINDOW}, 0)", True, {"window_size": (WINDOW, 0)},
@@ -94,6 +97,7 @@ def main() -> None:
         qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))  # (b, h, s, d) for SDPA, flex
         slopes = torch.rand(h, device="cuda")
         bias = torch.randn(1, h, s, s, device="cuda", requires_grad=True)
+        bias16 = bias.detach().to(torch.bfloat16).requires_grad_()
         print(f"\n## bf16 hdim {d}, batch {b}, seqlen {s}, {h} heads\n")
         head = "| case |" + "".join(f" {p} ms | {p} TFLOP/s | flex {p} ms | x flex |" for p in passes)
         print(head + "\n|---|" + "---|---|---|---|" * len(passes))
@@ -101,10 +105,10 @@ def main() -> None:
         # and the tensors Flex's backward differentiates.
         rows: list[tuple[str, bool, Callable[[], torch.Tensor], tuple[torch.Tensor, ...], Callable | None,
                          tuple[torch.Tensor, ...]]] = []
-        for name, causal, kw, score_mod, mask_mod in _variants(slopes, bias):
+        for name, causal, kw, score_mod, mask_mod in _variants(slopes, bias, bias16):
             if wanted and not any(name.startswith(w) for w in wanted):
                 continue
-            learned = (bias,) if "attn_bias" in kw else ()  # the backward differentiates it too
+            learned = (kw["attn_bias"],) if "attn_bias" in kw else ()  # the backward differentiates it too
             flex_fwd = None
             if flex is not None:
                 block_mask = create_block_mask(mask_mod, b, h, s, s) if mask_mod else None

@@ -1,6 +1,7 @@
 """Every kernel spec the GPU work of a device session needs: the registry (forward and backward,
 plus the deterministic backward specs), the GPU tests' own specs, the variant examples', the
-ablation's variants, the sanitizer's pingpong spec and the fused fp8 prepare kernels.
+learned-bias rows of bench_variants, the ablation's variants, the sanitizer's pingpong spec and
+the fused fp8 prepare kernels.
 
 Usage: python scripts/gpu_specs.py            # one JSON spec per line
        python scripts/gpu_specs.py --build -j 16   # compile them all into the cache, in parallel
@@ -55,6 +56,11 @@ def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
     specs += [registry.default_spec(128, 128, "bf16", True, window=True, softcap=True),
               registry.default_bwd_spec(128, 128, "bf16", True, window=True, softcap=True)]
     specs += [s for s in ablation.variants().values() if s is not None]
+    # scripts/bench_variants.py's learned-bias rows: an fp32 and a bf16 (1, h, s, s) bias that
+    # requires grad, hdim 128 bf16.
+    for bias_dtype in ("float32", "bfloat16"):
+        fwd = registry.default_spec(128, 128, "bf16", False, bias=True, bias_dtype=bias_dtype)
+        specs += [fwd, fwd.backward_spec(bias_grad=True)]
     specs.append(PINGPONG_SPEC)
     # fp8.prepare's fused kernels: test_fp8_prepare_gpu covers every input dtype of these head dims.
     import test_fp8_prepare_gpu
