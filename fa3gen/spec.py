@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .abi import MAX_TENSOR_ARGS
-from .variant import CPP_TYPES, MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params, names_used
+from .variant import MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params, names_used
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
 SMEM_BUDGET_BYTES = 227 * 1024  # per thread block on H100/H200
@@ -305,6 +305,7 @@ BUILT_IN_MASKS: dict[str, tuple[TensorParam, str]] = {
 # zeroes (stride 0 where the bias broadcasts: the entries it shares add into one element).
 BUILT_IN_BIAS = TensorParam(name="attn_bias", ndim=4, dtype="float32")
 _BIAS_DTYPE_TAGS = {"float32": "", "bfloat16": "_bf16", "float16": "_fp16"}
+_BIAS_ELEMENTS = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
 BUILT_IN_BIAS_GRAD = TensorParam(name="attn_bias_grad", ndim=4, dtype="float32")
 # Each built-in that takes a tensor: its field and the tensor param it passes it as (after the
 # declared params, in this order).
@@ -1305,8 +1306,9 @@ class KernelSpec(BaseModel):
 
     @property
     def bias_element(self) -> str:
-        """The C++ element type of attn_bias (bias_dtype)."""
-        return CPP_TYPES[self.bias_dtype]
+        """The C++ element type the kernels read attn_bias as (bias_dtype): CUDA's own 16-bit types,
+        whose paired forms (__nv_bfloat162, __half2) the forward loads two keys at a time as."""
+        return _BIAS_ELEMENTS[self.bias_dtype]
 
     def tensor_slot(self, name: str) -> int:
         """The tensor_args slot of the tensor param `name` (declared or built-in)."""

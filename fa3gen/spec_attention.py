@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, get_args
 
 import pydantic
 import torch
 
 from . import ops
 from .spec import KernelSpec
-from .variant_args import VariantArgs
+from .variant_args import _TORCH_DTYPES, VariantArgs
 
 
 class _SpecAttention(torch.autograd.Function):
@@ -89,7 +89,8 @@ def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantAr
     return variant_spec
 
 
-_BIAS_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# attn_bias's torch dtypes by the spec's bias_dtype names.
+_BIAS_DTYPES = {_TORCH_DTYPES[name]: name for name in get_args(KernelSpec.model_fields["bias_dtype"].annotation)}
 
 
 def _bias_dtype(bias: Any) -> str:
