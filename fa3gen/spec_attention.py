@@ -14,6 +14,7 @@ tensors get none, and one that requires it is refused.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, get_args
 
@@ -55,9 +56,9 @@ class _SpecAttention(torch.autograd.Function):
             bias_grad = torch.zeros(ctx.bias_shape, dtype=torch.float32, device=q.device)
             variant = dataclasses.replace(variant, params={**variant.params,
                                                            "attn_bias_grad": bias_grad.expand(variant.params["attn_bias"].shape)})
-        bwd_spec = spec.backward_spec(deterministic=ctx.deterministic, bias_grad=bias_grad is not None)
+        bwd_spec = _backward_spec(spec, bool(ctx.deterministic), bias_grad is not None)
         dq, dk, dv = ops._backward_impl(ops._in_kernel_layout(dout), q, k, v, out, lse, ctx.softmax_scale,
-                                        spec.causal, ctx.deterministic, ops._compile_fn()(bwd_spec), variant=variant)
+                                        spec.causal, ctx.deterministic, _kernel(bwd_spec), variant=variant)
         # Added up in float32; returned in the bias's own dtype.
         return (dq, dk, dv, None if bias_grad is None else bias_grad.to(ctx.bias_dtype), *nones)
 
@@ -67,14 +68,12 @@ def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantAr
     """The forward spec of a call: the caller's variant spec (which decides causal), or the
     default spec of the inputs with the built-in variants and masks the call gives values for."""
     if variant_spec is None:
-        from .registry import default_spec
-
         prefix_lm = "prefix_lengths" in variant.params  # causal after the prefix by itself
         bias = variant.params.get("attn_bias")
-        return default_spec(q.shape[-1], v.shape[-1], ops._DTYPES[q.dtype], causal and not prefix_lm,
-                            window=variant.window, softcap=variant.softcap > 0,
-                            alibi=variant.alibi_slopes is not None, documents="document_ids" in variant.params,
-                            prefix_lm=prefix_lm, bias=bias is not None, bias_dtype=_bias_dtype(bias))
+        return _default_spec(q.shape[-1], v.shape[-1], ops._DTYPES[q.dtype], causal and not prefix_lm,
+                             window=variant.window, softcap=variant.softcap > 0,
+                             alibi=variant.alibi_slopes is not None, documents="document_ids" in variant.params,
+                             prefix_lm=prefix_lm, bias=bias is not None, bias_dtype=_bias_dtype(bias))
     if not isinstance(variant_spec, KernelSpec) or variant_spec.kind != "fwd" or variant_spec.is_fp8:
         raise TypeError("fa3gen: variant_spec must be a 16-bit forward KernelSpec (its backward_spec() gives the "
                         f"gradients), got {getattr(variant_spec, 'name', variant_spec)!r}")
@@ -87,6 +86,35 @@ def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantAr
                          f"{variant_spec.head_dim} and head_dim_v {variant_spec.head_dim_v}; got {want[0]} with "
                          f"head_dim {want[1]} and head_dim_v {want[2]}")
     return variant_spec
+
+
+# Per call, the spec, its backward spec and their kernels come from memos: built each time (pydantic
+# validation, the registry lookup, compile's cache key) they cost ~0.5 ms of host time a call, longer
+# than some kernels run. Specs are frozen (hashable); a spec that does not validate raises each time.
+@functools.lru_cache(maxsize=256)
+def _default_spec(*args: Any, **kwargs: Any) -> KernelSpec:
+    from .registry import default_spec
+
+    return default_spec(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_spec(spec: KernelSpec, deterministic: bool, bias_grad: bool) -> KernelSpec:
+    return spec.backward_spec(deterministic=deterministic, bias_grad=bias_grad)
+
+
+_KERNELS: dict[tuple[Any, KernelSpec], Any] = {}
+
+
+def _kernel(spec: KernelSpec) -> Any:
+    """fa3gen.compile(spec), once per spec (and compile function: tests swap it). Like the registry
+    path's kernels, kept for the process: a later change of FA3GEN_CACHE_DIR or the templates does not
+    reach a spec already compiled."""
+    compile_fn = ops._compile_fn()
+    kernel = _KERNELS.get((compile_fn, spec))
+    if kernel is None:
+        kernel = _KERNELS[(compile_fn, spec)] = compile_fn(spec)  # compile itself builds a spec once
+    return kernel
 
 
 # attn_bias's torch dtypes by the spec's bias_dtype names.
@@ -120,7 +148,7 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
             wanting.remove("attn_bias")
             bias = given_bias
             try:  # the gradient's backward spec, refused now rather than at backward
-                spec.backward_spec(deterministic=bool(deterministic), bias_grad=True)
+                _backward_spec(spec, bool(deterministic), True)
             except pydantic.ValidationError as err:
                 reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
                 raise ValueError(f"fa3gen: attn_bias requires grad, but its gradient is not available: {reason}") from None
@@ -128,7 +156,7 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
             raise NotImplementedError(f"fa3gen: {', '.join(wanting)} require(s) grad, but param tensors other than "
                                       "attn_bias get no gradient (q, k and v do): detach them")
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    kernel = ops._compile_fn()(spec)
+    kernel = _kernel(spec)
     return _SpecAttention.apply(q, k, v, bias, kernel, scale, variant, bool(deterministic))
 
 

@@ -236,3 +236,24 @@ def test_attn_bias_keys_are_made_contiguous_and_broadcast(reference_kernels):
     assert given[0].stride() == (0, 64, 8, 1) and given[0].data_ptr() == shared.data_ptr()
     assert given[1].stride()[1:] == (64, 8, 1) and given[1].stride(0) == 0
     torch.testing.assert_close(given[1][0], shared[0].transpose(1, 2))
+
+
+def test_repeated_calls_compile_each_spec_once(reference_kernels, monkeypatch):
+    """After a call signature's first call, its spec, backward spec and kernels come from memos:
+    rebuilt every call they cost ~0.5 ms of host time (pydantic, the registry, compile's cache key),
+    more than some kernels run. Another signature gets its own spec."""
+    compiled: list[KernelSpec] = []
+
+    def compile_(spec):
+        compiled.append(spec)
+        return types.SimpleNamespace(spec=spec)
+
+    monkeypatch.setattr(fa3gen, "compile", compile_)
+    q, k, v = qkv()
+    bias = torch.randn(1, 4, 9, 9, requires_grad=True)
+    for _ in range(3):
+        fa3gen.flash_attn_func(q, k, v, attn_bias=bias).sum().backward()
+    assert [s.kind for s in compiled] == ["fwd", "bwd"] and compiled[1].bias_grad
+    fa3gen.flash_attn_func(q, k, v, causal=True, attn_bias=bias.detach())
+    assert len(compiled) == 3 and compiled[2].causal and compiled[2].bias
+    assert len([c for c in reference_kernels if c[0] == "fwd"]) == 4  # every call still ran
