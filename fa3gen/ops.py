@@ -674,23 +674,61 @@ def _fwd_backward(ctx, dout, dlse):
         if dlse is None:
             return (None, None, None, *nones)
         dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.fa3gen.bwd(_in_kernel_layout(dout), q, k, v, out, lse, ctx.softmax_scale,
-                                      ctx.causal, ctx.deterministic, *ctx.window, ctx.softcap, ctx.alibi_slopes)
+    dout = _in_kernel_layout(dout)
+    if _is_concrete(dout) and _eager_call(dout, q, k, v, out, lse, ctx.alibi_slopes):
+        # As the bwd op does, without its dispatch (the eager forward above, or the op's own).
+        variant = VariantArgs(ctx.window, ctx.softcap, ctx.alibi_slopes)
+        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic,
+                                    variant=variant)
+    else:
+        dq, dk, dv = torch.ops.fa3gen.bwd(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic,
+                                          *ctx.window, ctx.softcap, ctx.alibi_slopes)
     return (dq, dk, dv, *nones)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
+def _eager_call(*tensors: torch.Tensor | None) -> bool:
+    """True for an eager call: no compilation, tracing or dispatch/function modes (which must see
+    the op), plain tensors only (anything else goes to the checks' errors), none on the meta device
+    (the op's fake implementation gives their shapes)."""
+    if not all(t is None or (type(t) is torch.Tensor and not t.is_meta) for t in tensors):
+        return False
+    return not (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+                or torch._C._is_torch_function_mode_enabled())
+
+
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _eager_fast_path(*tensors: torch.Tensor | None) -> bool:
-    """True for a plain eager call: no compilation, tracing or dispatch/function modes (which must
-    see the op), no autograd, plain tensors only (anything else goes to the checks' errors)."""
-    if not all(t is None or type(t) is torch.Tensor for t in tensors):
-        return False
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None \
-            or torch._C._is_torch_function_mode_enabled():
-        return False
-    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+    """True for a plain eager call without autograd (see _eager_call)."""
+    return _eager_call(*tensors) and not _needs_grad(*tensors)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """An eager call that needs gradients: the op's forward and backward (the same setup_context
+    and backward) without torch.library's dispatch and autograd wrapper. Through the op such a call
+    took 347 us of host time on the H100 machine (the attn_bias path's autograd.Function 270 us);
+    on the CPU machine, launch excluded, 217 us through the op and 72 us through this. torch.compile,
+    fake and meta tensors and subclasses keep the op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                softcap: float, alibi_slopes, deterministic: bool, plan_key):
+        out_lse = launch.run_planned(plan_key, q, k, v)
+        if out_lse is None:
+            variant = VariantArgs((window_left, window_right), softcap, alibi_slopes)
+            out_lse = _forward_impl(q, k, v, softmax_scale, causal, None, variant, meta_checked=True, plan_key=plan_key)
+        _fwd_setup_context(ctx, (q, k, v, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                                 deterministic), out_lse)
+        return out_lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return (*_fwd_backward(ctx, dout, dlse), None)  # plan_key
 
 
 def flash_attn_func(
@@ -776,17 +814,24 @@ def flash_attn_func(
         out, lse = result
         return (out, lse) if return_lse else out
     _check_meta(q, k, v)
+    # An eager call that needs gradients goes through _EagerAttention, keeping its plan too.
+    eager_grad = not eager and _eager_call(q, k, v, alibi_slopes)
+    if eager_grad:
+        plan_key = launch.plan_key(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     variant = VariantArgs(tuple(window_size), softcap, alibi_slopes)
     variant.check()
+    left, right = (int(w) for w in window_size)
     if eager:
         # Plain eager call: the implementation directly. The custom op's dispatch costs 15-30 us a
-        # call, as much as a short kernel runs; graphs, autograd and tensor subclasses keep the op.
+        # call, as much as a short kernel runs; graphs and tensor subclasses keep the op.
         out, lse = _forward_impl(q, k, v, float(softmax_scale), bool(causal), None, variant, meta_checked=True,
                                  plan_key=plan_key)
+    elif eager_grad:
+        out, lse = _EagerAttention.apply(q, k, v, float(softmax_scale), bool(causal), left, right, float(softcap),
+                                         alibi_slopes, bool(deterministic), plan_key)
     else:
-        left, right = (int(w) for w in window_size)
         out, lse = torch.ops.fa3gen.fwd(q, k, v, float(softmax_scale), bool(causal), left, right,
                                         float(softcap), alibi_slopes, bool(deterministic))
     return (out, lse) if return_lse else out

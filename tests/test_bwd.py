@@ -1001,3 +1001,20 @@ def test_bench_bwd_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_ops):
     assert "flash" in bwd_case["results"] and "check_max_abs_diff" in bwd_case, bwd_case
     assert bwd_case["check_max_abs_diff"] < 0.1  # reference grads vs torch's CPU flash backward
     assert len(cpu_ops) >= 3  # the check plus warm-up and timed calls went through _backward_impl
+
+
+def test_eager_autograd_skips_the_op_dispatch(cpu_ops):
+    """An eager call that needs gradients runs the op's forward and backward through an
+    autograd.Function: torch.library's dispatch and autograd wrapper cost ~0.1-0.2 ms of host time
+    a call. Meta tensors keep the op (its fake implementation gives their shapes)."""
+    q, k, v = qkv(sq=6, sk=9, hq=4, hkv=2, requires_grad=True)
+    out = ops.flash_attn_func(q, k, v, causal=True)
+    assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert len(cpu_ops) == 1 and torch.equal(cpu_ops[0]["dout"], dout)
+    for got, want in zip((q.grad, k.grad, v.grad), _expected_grads(q, k, v, dout, 1 / 8, True)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    qm, km, vm = qkv(sq=6, sk=9, hq=4, hkv=2, device="meta", requires_grad=True)
+    meta_out = ops.flash_attn_func(qm, km, vm, causal=True)
+    assert meta_out.device.type == "meta" and type(meta_out.grad_fn).__name__ != "_EagerAttentionBackward"
