@@ -5,6 +5,8 @@ Usage (on the GPU machine): python scripts/host_overhead.py [--seqlen 512] [--hd
 For bf16 and fp16 at the bench's shape (16k tokens, hidden 2048), causal and not:
   * the CPU time per call of fa3gen.flash_attn_func and of torch SDPA (cuDNN) when queueing calls
     without waiting, and the GPU time per call from CUDA events;
+  * the calls of training and of the attn_bias path: q, k, v requiring grad (fa3gen, cuDNN), and
+    fa3gen with a (1, h, s, s) float32 attn_bias, with and without grad;
   * fa3gen's call taken apart: a repeated signature (launched from its plan, fa3gen.launch) and a
     first one (the full path), and each step of both timed on its own (checks, output allocation,
     kernel lookup, parameter packing, scratch, the library's launcher).
@@ -101,6 +103,25 @@ def breakdown(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -
     return [(name, host_us(fn)) for name, fn in steps]
 
 
+def grad_and_bias_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       causal: bool) -> list[tuple[str, float, float]]:
+    """(name, host µs, GPU µs) per call of the calls that leave the plain eager path: q, k, v
+    requiring grad (fa3gen's _EagerAttention, cuDNN through SDPA) and fa3gen's attn_bias path."""
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    qt, kt, vt = (t.transpose(1, 2) for t in (qg, kg, vg))
+    bias = torch.randn(1, q.shape[2], q.shape[1], k.shape[1], device=q.device)
+    rows = [("fa3gen, q, k, v requiring grad", lambda: fa3gen.flash_attn_func(qg, kg, vg, causal=causal)),
+            ("fa3gen, attn_bias (1, h, s, s) fp32",
+             lambda: fa3gen.flash_attn_func(q, k, v, causal=causal, attn_bias=bias)),
+            ("fa3gen, attn_bias, q, k, v requiring grad",
+             lambda: fa3gen.flash_attn_func(qg, kg, vg, causal=causal, attn_bias=bias))]
+    out = [(name, *per_call_us(fn)) for name, fn in rows]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out.append(("cuDNN, q, k, v requiring grad",
+                    *per_call_us(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlen", type=int, default=512)
@@ -118,6 +139,8 @@ def main() -> None:
             print(f"{dtype} hdim {d} seqlen {s} causal={causal}: fa3gen host {host:.1f} us/call, GPU {gpu:.1f} "
                   f"us/call | cuDNN host {host_c:.1f}, GPU {gpu_c:.1f}", flush=True)
             if dtype is torch.bfloat16:
+                for name, host_g, gpu_g in grad_and_bias_rows(q, k, v, causal):
+                    print(f"    {name:50s} host {host_g:7.1f} us/call, GPU {gpu_g:7.1f} us/call", flush=True)
                 for name, us in breakdown(q, k, v, causal):
                     print(f"    {name:50s} {us:7.2f} us", flush=True)
 
