@@ -517,6 +517,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "prefix_lm": lambda f: False,
     "bias_grad": lambda f: False,
     "bias_dtype": lambda f: "float32",
+    "bias_staging": lambda f: False,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -574,7 +575,8 @@ def _row_sums_mma_default(fields: dict[str, Any]) -> bool:
     if dv > ROW_SUMS_MMA_MAX_HEAD_DIM_V:
         return False
     return _smem_bytes(str(fields.get("dtype", "bf16")), bm, bn, d, dv, stages, str(fields.get("epilogue")), q_buffers,
-                       bool(fields.get("v_transpose_in_kernel")), row_sums_mma=True) <= SMEM_BUDGET_BYTES
+                       bool(fields.get("v_transpose_in_kernel")), row_sums_mma=True,
+                       staged_bias_bytes=_staged_bias_bytes(fields)) <= SMEM_BUDGET_BYTES
 
 
 def _kv_factors_in_smem_blockers(fields: dict[str, Any]) -> list[str]:
@@ -620,16 +622,26 @@ def _bwd_smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_
 
 def _smem_bytes(dtype: str, block_m: int, block_n: int, head_dim: int, head_dim_v: int, stages: int,
                 epilogue: str, q_buffers: int = 1, v_transpose_in_kernel: bool = False,
-                row_sums_mma: bool = False) -> int:
+                row_sums_mma: bool = False, staged_bias_bytes: int = 0) -> int:
     """Shared memory of one CTA: the Q buffers, the K/V stages (and V's stages as loaded, before
     the in-kernel transpose), the O staging tile (TMA epilogue; "tma_v" stages O in the V stages'
-    buffer instead), the tile of ones of the row sums on the tensor cores, barriers."""
+    buffer instead), the tile of ones of the row sums on the tensor cores, the staged bias tile
+    (bias_staging), barriers."""
     e = _bytes_per_element(dtype)
     q = q_buffers * block_m * head_dim * e
     kv = stages * block_n * (head_dim + head_dim_v * (2 if v_transpose_in_kernel else 1)) * e
     o = _o_tile_bytes(block_m, head_dim_v) if epilogue == "tma" else 0
     ones = -(-ROW_SUMS_MMA_N * block_n * e // 1024) * 1024 if row_sums_mma else 0  # 1024-byte aligned
-    return q + kv + o + ones + BARRIER_SMEM_BYTES
+    return q + kv + o + ones + staged_bias_bytes + BARRIER_SMEM_BYTES
+
+
+def _staged_bias_bytes(fields: dict[str, Any]) -> int:
+    """The bias tile of bias_staging, rows padded by 16 bytes (a spec's raw or filled fields; 0
+    without it or before the tile is known)."""
+    bm, bn = fields.get("block_m"), fields.get("block_n")
+    if not fields.get("bias_staging") or not isinstance(bm, int) or not isinstance(bn, int):
+        return 0
+    return bm * (bn * {"float32": 4, "bfloat16": 2, "float16": 2}[str(fields.get("bias_dtype", "float32"))] + 16)
 
 
 def _o_tile_bytes(block_m: int, head_dim_v: int) -> int:
@@ -817,6 +829,12 @@ class KernelSpec(BaseModel):
     # The element type of attn_bias: float32, or 16 bits as a bf16/fp16 model holds it (half the
     # bytes a kernel reads; torch SDPA's attn_mask takes q's dtype). Values are added in fp32.
     bias_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # Forward with bias: each consumer warpgroup copies its rows of a key block's bias into shared
+    # memory (16-byte cp.async, a warp's copy contiguous) under the block's GEMMs and reads its
+    # entries from there, instead of loading them in the accumulator's layout (8 rows per warp
+    # load). Costs a block_m x block_n tile of shared memory (the defaults then give up the O
+    # staging tile or a Q buffer where it does not fit).
+    bias_staging: bool = False
     # Backward with bias: also d(loss)/d(attn_bias), added into the tensor param attn_bias_grad.
     bias_grad: bool = False
     score_mod: ScoreMod | None = None
@@ -900,7 +918,8 @@ class KernelSpec(BaseModel):
         if data.get("intra_wg_overlap") is None:
             data["intra_wg_overlap"] = _intra_wg_overlap_default(data)
         sizes = [data.get(f) for f in ("block_m", "block_n", "head_dim_v", "stages")]
-        vtk = {"v_transpose_in_kernel": bool(data.get("v_transpose_in_kernel"))}
+        vtk = {"v_transpose_in_kernel": bool(data.get("v_transpose_in_kernel")),
+               "staged_bias_bytes": _staged_bias_bytes(data)}
         if data.get("epilogue") is None and d in SUPPORTED_HEAD_DIMS and all(isinstance(x, int) for x in sizes):
             dtype = str(data.get("dtype", "bf16"))
             if FP8_CHAINED_OVER_O_TILE and dtype == "e4m3" and not causal and not data.get("window") \
@@ -1117,6 +1136,9 @@ class KernelSpec(BaseModel):
         check_params(self.variant_params)
         if self.bias_dtype != "float32" and not self.bias:
             raise ValueError(f"bias_dtype={self.bias_dtype!r} is the element type of attn_bias: it needs bias=True")
+        if self.bias_staging and not (self.bias and self.kind == "fwd"):
+            raise ValueError("bias_staging stages the forward's attn_bias tiles in shared memory: it needs bias=True "
+                             "and kind='fwd'")
         if self.bias_grad:
             self._check_bias_grad()
         if self.score_mod is not None:
@@ -1197,6 +1219,7 @@ class KernelSpec(BaseModel):
                 f"shared memory {smem} B exceeds the {SMEM_BUDGET_BYTES} B budget per block "
                 f"(Q {self.q_buffers}x{bm}x{d}, K {self.stages}x{bn}x{d}, V {self.stages}x{bn}x{dv}"
                 + (f", O {bm}x{dv} for the TMA-store epilogue" if self.epilogue == "tma" else "")
+                + (f", the staged {bm}x{bn} bias tile" if self.bias_staging else "")
                 + "): lower block_n, block_m, stages or q_buffers" + (", or use epilogue='direct'" if self.epilogue == "tma" else "")
             )
         need, limit = self.consumer_registers_estimate, self.register_split[1]
@@ -1218,7 +1241,7 @@ class KernelSpec(BaseModel):
         assert self.q_buffers
         return _smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v,
                            self.stages, self.epilogue, self.q_buffers, self.v_transpose_in_kernel,
-                           bool(self.row_sums_mma))
+                           bool(self.row_sums_mma), _staged_bias_bytes(self.model_dump()))
 
     @property
     def bwd_splits_head_dim(self) -> bool:
@@ -1398,6 +1421,7 @@ class KernelSpec(BaseModel):
         sched += "_neb" if self.narrow_edge_block else ""
         sched += "_vtk" if self.v_transpose_in_kernel else ""
         sched += "_rsm" if self.row_sums_mma else ""
+        sched += "_bstg" if self.bias_staging else ""
         sched += "_kvfs" if self.kv_factors_in_smem else ""
         sched += "_bsp" if self.block_sparse else ""
         if self.kind == "bwd":

@@ -23,7 +23,7 @@ import torch
 
 from . import ops
 from .spec import KernelSpec
-from .variant_args import _TORCH_DTYPES, VariantArgs
+from .variant_args import _TORCH_DTYPES, VariantArgs, bias_rows_aligned
 
 
 class _SpecAttention(torch.autograd.Function):
@@ -140,7 +140,8 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     variant.check(spec)
     given_bias = variant.params.get("attn_bias") if spec.bias else None
     if isinstance(given_bias, torch.Tensor):
-        variant = dataclasses.replace(variant, params={**variant.params, "attn_bias": broadcast_bias(given_bias, q, k)})
+        bias_arg = broadcast_bias(given_bias, q, k, aligned_rows=spec.bias_staging)
+        variant = dataclasses.replace(variant, params={**variant.params, "attn_bias": bias_arg})
     bias = None
     if torch.is_grad_enabled():
         wanting = sorted(name for name, t in variant.params.items() if isinstance(t, torch.Tensor) and t.requires_grad)
@@ -160,15 +161,23 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     return _SpecAttention.apply(q, k, v, bias, kernel, scale, variant, bool(deterministic))
 
 
-def broadcast_bias(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def broadcast_bias(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, aligned_rows: bool = False) -> torch.Tensor:
     """attn_bias of (batch or 1, nheads_q or 1, seqlen_q, seqlen_k) expanded to the full shape
     (stride 0 where it broadcasts), its keys made contiguous where they are not (the kernels
-    read a tile's keys at consecutive addresses); any other shape is left for the kernel's check."""
+    read a tile's keys at consecutive addresses); any other shape is left for the kernel's check.
+    aligned_rows (a bias_staging kernel): copied with rows padded to 16 bytes where they are not."""
     full = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     if bias.dim() != 4 or not all(n in (m, 1) if d < 2 else n == m for d, (n, m) in enumerate(zip(bias.shape, full))):
         return bias
     if bias.shape[3] > 1 and bias.stride(3) != 1:
         bias = bias.contiguous()
+    if aligned_rows and not bias_rows_aligned(bias):
+        keys = bias.shape[3]
+        padded_keys = -(-keys * bias.element_size() // 16) * 16 // bias.element_size()
+        with torch.no_grad():  # the kernel's copy; the caller's bias stays the autograd input
+            padded = bias.new_empty((*bias.shape[:3], padded_keys))
+            padded[..., :keys].copy_(bias)
+        bias = padded[..., :keys]
     return bias.expand(full)
 
 

@@ -136,3 +136,13 @@ def _check_bias_layout(name: str, t: torch.Tensor, full: tuple[int, ...], spec: 
     if (spec.block_m - 1) * t.stride(2) + spec.block_n >= 2**31:
         raise ValueError(f"fa3gen: {name}'s row stride {t.stride(2)} is too large: a {spec.block_m} x {spec.block_n} "
                          "tile must span fewer than 2^31 elements")
+    if spec.bias_staging and name == "attn_bias" and not bias_rows_aligned(t):
+        raise ValueError(f"fa3gen: {spec.name} copies attn_bias rows in 16-byte pieces (bias_staging): its address "
+                         f"and batch, head and row strides must be multiples of 16 bytes, got address "
+                         f"{t.data_ptr()} and strides {t.stride()[:3]} of {t.element_size()}-byte elements "
+                         "(flash_attn_func pads such a bias itself)")
+
+
+def bias_rows_aligned(t: torch.Tensor) -> bool:
+    """Every row of the bias starts on a 16-byte boundary (bias_staging's copies)."""
+    return t.data_ptr() % 16 == 0 and all(x * t.element_size() % 16 == 0 for x in t.stride()[:3])

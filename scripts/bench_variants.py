@@ -42,6 +42,12 @@ def _flex():
         return None, None, f"{type(e).__name__}: {e}"
 
 
+def _staged(bias: torch.Tensor) -> fa3gen.KernelSpec:
+    """The hdim 128 bf16 forward spec that stages a bias of this dtype through shared memory."""
+    return fa3gen.KernelSpec(head_dim=128, bias=True, bias_staging=True,
+                             bias_dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[bias.dtype])
+
+
 def _variants(slopes: torch.Tensor, bias: torch.Tensor,
               bias16: torch.Tensor) -> list[tuple[str, bool, dict[str, Any], Callable | None, Callable | None]]:
     """Each variant: (name, causal, flash_attn_func keywords, FlexAttention's score_mod and
@@ -54,6 +60,11 @@ def _variants(slopes: torch.Tensor, bias: torch.Tensor,
     return [
         ("learned bias (h, s, s)", False, {"attn_bias": bias}, lambda s, b, h, q, kv: s + bias[0, h, q, kv], None),
         ("learned bias bf16 (h, s, s)", False, {"attn_bias": bias16}, lambda s, b, h, q, kv: s + bias16[0, h, q, kv], None),
+        # The same two with the forward staging the bias tiles through shared memory (bias_staging).
+        ("learned bias staged (h, s, s)", False, {"attn_bias": bias, "variant_spec": _staged(bias)},
+         lambda s, b, h, q, kv: s + bias[0, h, q, kv], None),
+        ("learned bias bf16 staged (h, s, s)", False, {"attn_bias": bias16, "variant_spec": _staged(bias16)},
+         lambda s, b, h, q, kv: s + bias16[0, h, q, kv], None),
         ("plain", False, {}, None, None),
         ("causal", True, {}, None, causal),
         (f"causal, window ({WINDOW}, 0)", True, {"window_size": (WINDOW, 0)},

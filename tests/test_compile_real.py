@@ -86,6 +86,10 @@ SPECS["bwd_d128_causal_window_bias_grad"] = KernelSpec(head_dim=128, causal=True
 SPECS["d128_bias"] = KernelSpec(head_dim=128, bias=True)
 # ... and one in bf16 (bias_dtype), its key pairs kept packed in 32-bit registers: no spills.
 SPECS["d128_bias_bf16"] = KernelSpec(head_dim=128, bias=True, bias_dtype="bfloat16")
+# ... and both staged through shared memory (bias_staging): no values held across the GEMMs' wait,
+# no spills in fp32 either.
+SPECS["d128_bias_staged"] = KernelSpec(head_dim=128, bias=True, bias_staging=True)
+SPECS["d128_bias_bf16_staged"] = KernelSpec(head_dim=128, bias=True, bias_dtype="bfloat16", bias_staging=True)
 NAMES = list(SPECS)
 # Spill bytes a kernel may have, and why. The causal hdim 256 forward (lpt scheduler, O staged in
 # the V buffer) keeps four per-thread values of its tile epilogue in local memory: two offsets
@@ -258,7 +262,7 @@ def test_sass_uses_hgmma_and_tma_without_local_memory(builds: dict[str, BuildRes
     assert len(local) <= 2 * SPILL_BYTES_ALLOWED.get(name, 0) // 4, f"local-memory traffic: {len(local)} LDL/STL instructions"
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kind == "fwd" and SPECS[n].bias])
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kind == "fwd" and SPECS[n].bias and not SPECS[n].bias_staging])
 def test_sass_bias_loads_in_pairs(builds: dict[str, BuildResult], name: str) -> None:
     """attn_bias: the key-block loop reads a thread's block_m x block_n / 256 bias entries as pairs
     of adjacent keys (8 bytes fp32, 4 bytes 16-bit; a tile inside the problem, rows aligned), else
@@ -269,6 +273,25 @@ def test_sass_bias_loads_in_pairs(builds: dict[str, BuildResult], name: str) -> 
     pairs = [t for t in loop if re.search(r"\b" + pair_op, t)]
     singles = [t for t in loop if re.search(r"\b" + single_op, t)]
     assert len(pairs) == entries // 2 and len(singles) == entries, (len(pairs), len(singles))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].bias_staging])
+def test_sass_bias_staged_through_shared_memory(builds: dict[str, BuildResult], name: str) -> None:
+    """bias_staging: the key-block loop copies the warpgroup's 64 bias rows with 16-byte cp.async
+    (LDGSTS, 128 threads), reads a thread's entries from shared memory as pairs of adjacent keys
+    (LDS.64 fp32, LDS 16-bit) between two barriers, and reads the bias from global memory only in
+    the chunk that seqlen_k cuts (entry by entry: 7 loads as ptxas unrolls that loop, nvcc 13.0,
+    where the loads into registers took 96)."""
+    spec, loop = SPECS[name], key_block_loop(_sass(builds[name]))
+    entry_bytes = 4 if spec.bias_dtype == "float32" else 2
+    copies = [t for t in loop if re.search(r"\bLDGSTS\.E\.BYPASS\S*\.128\b", t)]
+    assert len(copies) == 64 * spec.block_n * entry_bytes // 16 // 128, len(copies)
+    read_op = r"\bLDS\.64\b" if spec.bias_dtype == "float32" else r"\bLDS\b(?!\.)"
+    reads = [t for t in loop if re.search(read_op, t) and "[RZ]" not in t]
+    assert len(reads) == spec.block_m * spec.block_n // (128 * spec.num_consumer_warpgroups) // 2, len(reads)
+    assert len([t for t in loop if re.search(r"\bBAR\.SYNC\b", t)]) == 2
+    cut_chunk = [t for t in loop if re.search(r"\bLDG\.E", t)]
+    assert len(cut_chunk) <= 8, cut_chunk
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].v_transpose_in_kernel])

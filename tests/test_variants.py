@@ -319,3 +319,52 @@ def test_bias_dtype_reads_a_16_bit_bias_as_it_is(dtype, element, pair, to_float2
         _bias_dtype(torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValidationError, match="needs bias=True"):
         KernelSpec(head_dim=128, bias_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype, entry_bytes", [("float32", 4), ("bfloat16", 2)])
+def test_bias_staging_copies_bias_rows_through_shared_memory(dtype, entry_bytes):
+    """bias_staging: each consumer warpgroup copies its 64 rows of a key block's bias into a padded
+    shared tile with 16-byte cp.async under the block's GEMMs and reads its entries from there after
+    the wait, barriers on both sides of the reads; the tile's bytes count in the shared-memory
+    budget (the defaults give up the O staging tile or a Q buffer for it). Off by default and left
+    out of the JSON: the other bias kernels keep their sources."""
+    spec = KernelSpec(head_dim=128, bias=True, bias_dtype=dtype, bias_staging=True)
+    plain = KernelSpec(head_dim=128, bias=True, bias_dtype=dtype)
+    assert spec.name.endswith("_bstg") and "bias_staging" not in plain.canonical_json()
+    assert '"bias_staging":true' in spec.canonical_json()
+    tile = spec.block_m * (spec.block_n * entry_bytes + 16)
+    assert spec.smem_bytes - tile == KernelSpec(**{**spec.model_dump(), "bias_staging": False}).smem_bytes
+    assert spec.smem_bytes <= 227 * 1024 < plain.smem_bytes + tile  # the default tiles had no room for it
+    code = render(spec)
+    assert "alignas(128) cute::array_aligned<BiasElement, kBlockM * (kBlockN + 16 / sizeof(BiasElement))> bias;" in code
+    assert code.count("stage_bias(p, smem, ") == 2 and code.count("= read_staged_bias(p, smem, ") == 2  # first block, loop
+    assert "SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(" in code
+    assert code.count("cutlass::arch::NamedBarrier::sync(128, kBiasBarrier + warpgroup);") == 2
+    assert "load_bias(p, s_coord" not in code  # no entry is read from global memory in the loop
+    serial = KernelSpec(head_dim=128, bias=True, bias_dtype=dtype, bias_staging=True, intra_wg_overlap=False)
+    assert "stage_bias(p, smem, t, n_block, warpgroup, mma_thread % 128);" in render(serial)
+    assert spec.backward_spec() == plain.backward_spec()  # the forward's choice; the backward reads as before
+    for bad in (dict(head_dim=128, bias_staging=True), dict(kind="bwd", head_dim=128, bias=True, bias_staging=True)):
+        with pytest.raises(ValidationError, match="bias_staging stages the forward's attn_bias tiles"):
+            KernelSpec(**bad)
+    with pytest.raises(ValidationError, match="the staged 128x128 bias tile"):
+        KernelSpec(head_dim=128, bias=True, bias_dtype=dtype, bias_staging=True, epilogue="tma", q_buffers=2)
+
+
+def test_bias_staging_needs_16_byte_rows_and_flash_attn_func_pads_them():
+    """A bias_staging kernel copies rows in 16-byte pieces: a bias whose address or batch, head or
+    row stride is not a multiple of 16 bytes is refused by the launch's check, and
+    flash_attn_func's bias (broadcast_bias with aligned_rows) is copied into padded rows first."""
+    from fa3gen.spec_attention import broadcast_bias
+    from fa3gen.variant_args import bias_rows_aligned
+
+    spec = KernelSpec(head_dim=64, bias=True, bias_staging=True)
+    q, k = torch.zeros(2, 5, 4, 64, dtype=torch.bfloat16), torch.zeros(2, 7, 4, 64, dtype=torch.bfloat16)
+    odd = torch.randn(1, 4, 5, 7)  # rows of 28 bytes
+    assert not bias_rows_aligned(odd.expand(2, 4, 5, 7)) and bias_rows_aligned(torch.randn(2, 4, 5, 8))
+    with pytest.raises(ValueError, match="copies attn_bias rows in 16-byte pieces"):
+        VariantArgs(params={"attn_bias": odd.expand(2, 4, 5, 7)}).check_tensors(spec, q, k)
+    padded = broadcast_bias(odd, q, k, aligned_rows=True)
+    assert bias_rows_aligned(padded) and padded.stride()[:3] == (0, 5 * 8, 8) and torch.equal(padded[1], odd[0])
+    VariantArgs(params={"attn_bias": padded}).check_tensors(spec, q, k)
+    assert broadcast_bias(odd, q, k).stride()[2] == 7  # other kernels read it as it is

@@ -4,7 +4,8 @@ gradient of the same bias in the same dtype (ours within 2x of its error). Bias 
 broadcast over the batch or the heads (the kernel adds their entries into one element), GQA, causal
 with seqlen_q != seqlen_k, a window, hdim 256 (the backward that splits the head dim), soft-capping
 before the bias and a score_mod after it, bf16 and fp16 biases (bias_dtype; their gradient returned
-in their dtype). dq, dk, dv of the same calls against float64 too."""
+in their dtype), forwards that stage the bias through shared memory (bias_staging). dq, dk, dv of
+the same calls against float64 too."""
 
 from __future__ import annotations
 
@@ -42,9 +43,15 @@ CASES = [
      dict(variant_spec=SCALED_BIAS, variant_params={"gain": 0.75})),
     ("d128_bf16_bias", 2, 1000, 1000, 4, 2, 128, torch.bfloat16, (1, 4), dict(causal=True)),
     ("d64_fp16_bias_window", 2, 777, 1000, 4, 4, 64, torch.float16, (2, 1), dict(causal=True, window_size=(200, 0))),
+    # bias_staging (a forward spec of its own): rows of 1301 fp32 / 999 bf16 keys are not 16-byte
+    # multiples, so flash_attn_func pads them, and the last key block's cut chunk is copied entry by entry.
+    ("d128_staged_causal", 2, 777, 1301, 4, 2, 128, torch.bfloat16, (1, 4),
+     dict(causal=True, variant_spec=KernelSpec(head_dim=128, causal=True, bias=True, bias_staging=True))),
+    ("d128_bf16_staged", 2, 1000, 999, 4, 2, 128, torch.bfloat16, (2, 4),
+     dict(variant_spec=KernelSpec(head_dim=128, bias=True, bias_dtype="bfloat16", bias_staging=True))),
 ]
 # The attn_bias dtype of a case (bias_dtype), float32 where not named: 16-bit biases are read as they are.
-BIAS_DTYPES = {"d128_bf16_bias": torch.bfloat16, "d64_fp16_bias_window": torch.float16}
+BIAS_DTYPES = {"d128_bf16_bias": torch.bfloat16, "d64_fp16_bias_window": torch.float16, "d128_bf16_staged": torch.bfloat16}
 _BIAS_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -119,8 +126,10 @@ def test_bias_gradient(case):
         base64 = base.detach().double().requires_grad_()
         ref, _ = attention_reference(q.detach(), k.detach(), v.detach(), None, attn_bias=base64.expand(full), **mods)
         (ref_grad,) = torch.autograd.grad(ref, base64, dout.double())
-    err = rel_err(base.grad, ref_grad)
     tol = GRAD_TOLERANCE[dtype]
+    out_err = rel_err(out, ref.detach())
+    assert out_err < tol, f"{name}: out rel err {out_err:.2e}"
+    err = rel_err(base.grad, ref_grad)
     assert err < tol, f"{name}: d(attn_bias) rel err {err:.2e} >= {tol:.0e}"
     sdpa = _sdpa_bias_grad(q, k, v, dout, base, kw)
     if sdpa is not None:
