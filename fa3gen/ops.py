@@ -806,18 +806,18 @@ def flash_attn_func(
         variant.check()
         out, lse = spec_attention(q, k, v, softmax_scale, causal, variant, variant_spec, deterministic)
         return (out, lse) if return_lse else out
-    eager = _eager_fast_path(q, k, v, alibi_slopes)
-    plan_key = launch.plan_key(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes) if eager else None
-    if (result := launch.run_planned(plan_key, q, k, v)) is not None:
+    # An eager call without autograd runs the implementation directly; one that needs gradients
+    # goes through _EagerAttention. Both keep the signature's launch plan.
+    eager_call = _eager_call(q, k, v, alibi_slopes)
+    eager_grad = eager_call and _needs_grad(q, k, v, alibi_slopes)
+    eager = eager_call and not eager_grad
+    plan_key = launch.plan_key(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes) if eager_call else None
+    if eager and (result := launch.run_planned(plan_key, q, k, v)) is not None:
         # An eager call of a signature validated before: its plan (fa3gen.launch) repeats the
         # launch with this call's pointers, without the checks and packing (~30 us of Python).
         out, lse = result
         return (out, lse) if return_lse else out
     _check_meta(q, k, v)
-    # An eager call that needs gradients goes through _EagerAttention, keeping its plan too.
-    eager_grad = not eager and _eager_call(q, k, v, alibi_slopes)
-    if eager_grad:
-        plan_key = launch.plan_key(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     variant = VariantArgs(tuple(window_size), softcap, alibi_slopes)

@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa3gen
 from fa3gen.bench import attn_bwd_flops, attn_fwd_flops, time_cuda_ms_interleaved
+from fa3gen.spec_attention import _bias_dtype
 
 WINDOW = 1024
 SOFTCAP = 30.0
@@ -44,8 +45,7 @@ def _flex():
 
 def _staged(bias: torch.Tensor) -> fa3gen.KernelSpec:
     """The hdim 128 bf16 forward spec that stages a bias of this dtype through shared memory."""
-    return fa3gen.KernelSpec(head_dim=128, bias=True, bias_staging=True,
-                             bias_dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[bias.dtype])
+    return fa3gen.KernelSpec(head_dim=128, bias=True, bias_staging=True, bias_dtype=_bias_dtype(bias))
 
 
 def _variants(slopes: torch.Tensor, bias: torch.Tensor,

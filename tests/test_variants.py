@@ -336,7 +336,8 @@ def test_bias_staging_copies_bias_rows_through_shared_memory(dtype, entry_bytes)
     assert spec.smem_bytes - tile == KernelSpec(**{**spec.model_dump(), "bias_staging": False}).smem_bytes
     assert spec.smem_bytes <= 227 * 1024 < plain.smem_bytes + tile  # the default tiles had no room for it
     code = render(spec)
-    assert "alignas(128) cute::array_aligned<BiasElement, kBlockM * (kBlockN + 16 / sizeof(BiasElement))> bias;" in code
+    assert "constexpr int kBiasRowPitch = kBlockN + kBiasChunk;" in code
+    assert "alignas(128) cute::array_aligned<BiasElement, kBlockM * kBiasRowPitch> bias;" in code
     assert code.count("stage_bias(p, smem, ") == 2 and code.count("= read_staged_bias(p, smem, ") == 2  # first block, loop
     assert "SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(" in code
     assert code.count("cutlass::arch::NamedBarrier::sync(128, kBiasBarrier + warpgroup);") == 2
