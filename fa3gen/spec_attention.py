@@ -139,9 +139,6 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     spec = _spec_for(q, v, bool(causal), variant, variant_spec)
     variant.check(spec)
     given_bias = variant.params.get("attn_bias") if spec.bias else None
-    if isinstance(given_bias, torch.Tensor):
-        bias_arg = broadcast_bias(given_bias, q, k, aligned_rows=spec.bias_staging)
-        variant = dataclasses.replace(variant, params={**variant.params, "attn_bias": bias_arg})
     bias = None
     if torch.is_grad_enabled():
         wanting = sorted(name for name, t in variant.params.items() if isinstance(t, torch.Tensor) and t.requires_grad)
@@ -156,6 +153,9 @@ def spec_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
         if wanting:
             raise NotImplementedError(f"fa3gen: {', '.join(wanting)} require(s) grad, but param tensors other than "
                                       "attn_bias get no gradient (q, k and v do): detach them")
+    if isinstance(given_bias, torch.Tensor):  # after the grad check: a padded copy does not require grad
+        bias_arg = broadcast_bias(given_bias, q, k, aligned_rows=spec.bias_staging)
+        variant = dataclasses.replace(variant, params={**variant.params, "attn_bias": bias_arg})
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     kernel = _kernel(spec)
     return _SpecAttention.apply(q, k, v, bias, kernel, scale, variant, bool(deterministic))

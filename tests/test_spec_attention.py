@@ -197,6 +197,26 @@ def test_attn_bias_that_requires_grad_gets_its_gradient(reference_kernels, bias_
         attn_bias=bias.expand(2, 4, 8, 8))[0].to(q.dtype).float())
 
 
+def test_staged_bias_padded_rows_still_get_their_gradient(reference_kernels):
+    """A bias_staging kernel reads a padded copy of rows that are not 16-byte aligned (9 float32 keys:
+    36 bytes); the caller's bias, not the copy, is autograd's input, so it gets d(loss)/d(attn_bias)."""
+    q, k, v = qkv(b=2, s=9, hq=4)
+    base = torch.randn(1, 4, 9, 9, requires_grad=True)
+    spec = KernelSpec(head_dim=64, bias=True, bias_staging=True, causal=True)
+    out = fa3gen.flash_attn_func(q, k, v, attn_bias=base, variant_spec=spec)
+    dout = torch.randn_like(out)
+    (out.float() * dout.float()).sum().backward()
+    (_, _, _, fwd_variant), (_, bwd_spec, _, _) = reference_kernels
+    assert fwd_variant.params["attn_bias"].stride()[1:] == (9 * 12, 12, 1)  # the padded copy
+    assert bwd_spec.bias_grad
+    with torch.enable_grad():
+        base64 = base.detach().double().requires_grad_()
+        ref, _ = attention_reference(q.detach(), k.detach(), v.detach(), None, True, attn_bias=base64.expand(2, 4, 9, 9))
+        ref_grad = torch.autograd.grad(ref, base64, dout.double())[0]
+    assert base.grad is not None
+    torch.testing.assert_close(base.grad.double(), ref_grad, rtol=1e-5, atol=1e-6)
+
+
 def test_attn_bias_gradient_refusals(reference_kernels):
     q, k, v = qkv(b=2, s=8, hq=4)
     bias = torch.zeros(2, 4, 8, 8, requires_grad=True)
