@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .prepare_spec import Fp8PrepareSpec
-from .spec import SUPPORTED_HEAD_DIMS, KernelSpec
+from .spec import BIAS_BYTES, SUPPORTED_HEAD_DIMS, KernelSpec
 
 _DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
 
@@ -232,24 +232,41 @@ def _canonical_problem(head_dim: int, head_dim_v: int, dtype: str) -> str:
     return canonical
 
 
+# The attn_bias forwards that stage the bias through shared memory (bias_staging) when its rows
+# are 16-byte aligned: the bias element sizes (bytes) staged per head dim. Measured on an H100
+# (2026-12-05, .dev A/B in one process, b4 h16 s4k, bias (1, h, s, s), register path -> staged):
+# hdim 128 fp32 1.800 -> 1.713 ms, bf16 1.587 -> 1.413; hdim 96 bf16 1.356 -> 1.268, hdim 64 bf16
+# 1.164 -> 1.081. An fp32 tile at hdim 64 / 96 costs a Q buffer or chained tiles and was slower
+# (1.206 -> 1.441, 1.405 -> 1.619). fp16 biases (2 bytes, the same copies) follow bf16's.
+BIAS_STAGING_ELEMENT_BYTES: dict[int, tuple[int, ...]] = {64: (2,), 96: (2,), 128: (4, 2)}
+
+
 def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window: bool = False,
                  softcap: bool = False, alibi: bool = False, seqlen_q: int | str | None = None,
                  documents: bool = False, prefix_lm: bool = False, bias: bool = False,
-                 bias_dtype: str = "float32") -> KernelSpec:
+                 bias_dtype: str = "float32", bias_rows_aligned: bool = False) -> KernelSpec:
     """The forward spec to use for a problem: the registry's when present, else the per-head-dim
     defaults (with the built-in variants, masks and bias asked for; bias_dtype: attn_bias's element
-    type, "float32", "bfloat16" or "float16"). seqlen_q (a length, or the bucket
-    "short" or "long" of seqlen_bucket) picks the registry's tiles for that query length (SEQLEN_TILES)."""
+    type, "float32", "bfloat16" or "float16"; bias_rows_aligned: its rows start on 16-byte
+    boundaries, so the bias may be staged in shared memory, BIAS_STAGING_ELEMENT_BYTES). seqlen_q (a
+    length, or the bucket "short" or "long" of seqlen_bucket) picks the registry's tiles for that
+    query length (SEQLEN_TILES)."""
     canonical = _canonical_problem(head_dim, head_dim_v, dtype)
     if head_dim_v == head_dim and not (window or softcap or alibi or documents or prefix_lm or bias):
         bucket = seqlen_bucket(head_dim, bool(causal), seqlen_q)
         if bucket is not None:
             return REGISTRY[_bucket_name(head_dim, canonical, bool(causal), bucket)]
         return REGISTRY[_registry_name(head_dim, canonical, bool(causal))]
+    fields = dict(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal),
+                  window=bool(window), softcap=bool(softcap), alibi=bool(alibi), documents=bool(documents),
+                  prefix_lm=bool(prefix_lm), bias=bool(bias), bias_dtype=bias_dtype if bias else "float32")
+    if bias and bias_rows_aligned and BIAS_BYTES[bias_dtype] in BIAS_STAGING_ELEMENT_BYTES.get(head_dim, ()):
+        try:
+            return KernelSpec(**fields, bias_staging=True)
+        except ValueError:  # a combination whose staged tile does not fit: the register path
+            pass
     # A pydantic ValidationError (a ValueError) names the limit if this combination does not fit.
-    return KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype=canonical, causal=bool(causal),
-                      window=bool(window), softcap=bool(softcap), alibi=bool(alibi), documents=bool(documents),
-                      prefix_lm=bool(prefix_lm), bias=bool(bias), bias_dtype=bias_dtype if bias else "float32")
+    return KernelSpec(**fields)
 
 
 def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False,

@@ -306,7 +306,7 @@ BUILT_IN_MASKS: dict[str, tuple[TensorParam, str]] = {
 BUILT_IN_BIAS = TensorParam(name="attn_bias", ndim=4, dtype="float32")
 _BIAS_DTYPE_TAGS = {"float32": "", "bfloat16": "_bf16", "float16": "_fp16"}
 _BIAS_ELEMENTS = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
-_BIAS_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+BIAS_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 BUILT_IN_BIAS_GRAD = TensorParam(name="attn_bias_grad", ndim=4, dtype="float32")
 # Each built-in that takes a tensor: its field and the tensor param it passes it as (after the
 # declared params, in this order).
@@ -642,7 +642,7 @@ def _staged_bias_bytes(fields: dict[str, Any]) -> int:
     bm, bn = fields.get("block_m"), fields.get("block_n")
     if not fields.get("bias_staging") or not isinstance(bm, int) or not isinstance(bn, int):
         return 0
-    return bm * (bn * _BIAS_BYTES[str(fields.get("bias_dtype", "float32"))] + 16)
+    return bm * (bn * BIAS_BYTES[str(fields.get("bias_dtype", "float32"))] + 16)
 
 
 def _o_tile_bytes(block_m: int, head_dim_v: int) -> int:

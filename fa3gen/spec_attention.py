@@ -73,7 +73,8 @@ def _spec_for(q: torch.Tensor, v: torch.Tensor, causal: bool, variant: VariantAr
         return _default_spec(q.shape[-1], v.shape[-1], ops._DTYPES[q.dtype], causal and not prefix_lm,
                              window=variant.window, softcap=variant.softcap > 0,
                              alibi=variant.alibi_slopes is not None, documents="document_ids" in variant.params,
-                             prefix_lm=prefix_lm, bias=bias is not None, bias_dtype=_bias_dtype(bias))
+                             prefix_lm=prefix_lm, bias=bias is not None, bias_dtype=_bias_dtype(bias),
+                             bias_rows_aligned=isinstance(bias, torch.Tensor) and bias_rows_aligned(bias))
     if not isinstance(variant_spec, KernelSpec) or variant_spec.kind != "fwd" or variant_spec.is_fp8:
         raise TypeError("fa3gen: variant_spec must be a 16-bit forward KernelSpec (its backward_spec() gives the "
                         f"gradients), got {getattr(variant_spec, 'name', variant_spec)!r}")

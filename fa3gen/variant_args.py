@@ -144,5 +144,6 @@ def _check_bias_layout(name: str, t: torch.Tensor, full: tuple[int, ...], spec: 
 
 
 def bias_rows_aligned(t: torch.Tensor) -> bool:
-    """Every row of the bias starts on a 16-byte boundary (bias_staging's copies)."""
-    return t.data_ptr() % 16 == 0 and all(x * t.element_size() % 16 == 0 for x in t.stride()[:3])
+    """Every row of the bias starts on a 16-byte boundary (bias_staging's copies); a size-1 dim's
+    stride moves no row."""
+    return t.data_ptr() % 16 == 0 and all(x * t.element_size() % 16 == 0 for x, n in zip(t.stride()[:3], t.shape) if n > 1)

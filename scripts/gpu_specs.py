@@ -57,11 +57,11 @@ def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
               registry.default_bwd_spec(128, 128, "bf16", True, window=True, softcap=True)]
     specs += [s for s in ablation.variants().values() if s is not None]
     # scripts/bench_variants.py's learned-bias rows: an fp32 and a bf16 (1, h, s, s) bias that
-    # requires grad, hdim 128 bf16, its forward as the registry's default or staged (bias_staging).
+    # requires grad, hdim 128 bf16, its forward as the default for aligned rows (staged: bias_staging)
+    # and as the register path.
     for bias_dtype in ("float32", "bfloat16"):
-        fwd = registry.default_spec(128, 128, "bf16", False, bias=True, bias_dtype=bias_dtype)
-        specs += [fwd, fwd.backward_spec(bias_grad=True), KernelSpec(head_dim=128, bias=True, bias_dtype=bias_dtype,
-                                                                        bias_staging=True)]
+        fwd = registry.default_spec(128, 128, "bf16", False, bias=True, bias_dtype=bias_dtype, bias_rows_aligned=True)
+        specs += [fwd, fwd.backward_spec(bias_grad=True), KernelSpec(head_dim=128, bias=True, bias_dtype=bias_dtype)]
     specs.append(PINGPONG_SPEC)
     # fp8.prepare's fused kernels: test_fp8_prepare_gpu covers every input dtype of these head dims.
     import test_fp8_prepare_gpu

@@ -107,7 +107,8 @@ NAMES = list(SPECS)
 # The causal-window hdim 128 backward with the bias gradient keeps four 8-byte values of its step
 # in local memory (three STL.64 after the S and dP GEMMs, four LDL.64 before dV's): the window's
 # two masked loop versions, the bias read and the gradient's atomics beside dK, dV, S and dP
-# (2026-12-05, nvcc 13.0; not yet timed against a version without them).
+# (2026-12-05, nvcc 13.0). Loading the step's bias under the GEMMs (as the unmasked backward
+# does) spilled 168 B here and measured slower causal (H100, 2026-12-05).
 # The hdim 128 bias forward holds a key block's 64 bias values per thread from its GEMMs' issue to
 # the softmax, beside S, O and P: ptxas keeps a few loop values in local memory (14 LDL/STL of a
 # ~1100-instruction loop; 112 B). It measured 2.3x faster than reading the bias after the GEMMs'

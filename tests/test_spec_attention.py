@@ -258,6 +258,21 @@ def test_attn_bias_keys_are_made_contiguous_and_broadcast(reference_kernels):
     torch.testing.assert_close(given[1][0], shared[0].transpose(1, 2))
 
 
+def test_hdim_128_default_stages_a_bias_with_aligned_rows(reference_kernels):
+    """At hdim 128 the default forward stages attn_bias through shared memory (bias_staging) when
+    its rows start on 16-byte boundaries (no copy needed); other rows take the register path."""
+    for s, transpose, staged in ((8, False, True), (9, False, False), (8, True, False)):
+        q, k, v = qkv(s=s, d=128)
+        bias = torch.randn(1, 4, s, s)
+        fa3gen.flash_attn_func(q, k, v, attn_bias=bias.transpose(2, 3) if transpose else bias)
+        _, spec, _, variant = reference_kernels[-1]
+        assert spec.bias_staging == staged, (s, transpose)
+        assert variant.params["attn_bias"].stride(2) == s  # never a padded copy here
+    q, k, v = qkv(s=8, d=64)
+    fa3gen.flash_attn_func(q, k, v, attn_bias=torch.randn(1, 4, 8, 8))
+    assert not reference_kernels[-1][1].bias_staging
+
+
 def test_repeated_calls_compile_each_spec_once(reference_kernels, monkeypatch):
     """After a call signature's first call, its spec, backward spec and kernels come from memos:
     rebuilt every call they cost ~0.5 ms of host time (pydantic, the registry, compile's cache key),
