@@ -53,7 +53,9 @@ class _SpecAttention(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             # Of the caller's shape; expanded as the bias was, so the kernel adds the entries of a
             # size-1 batch or head dim into one element.
-            bias_grad = torch.zeros(ctx.bias_shape, dtype=torch.float32, device=q.device)
+            # Rows padded to 16 bytes (the unmasked kernels add four keys per vector atomic).
+            keys = ctx.bias_shape[3]
+            bias_grad = torch.zeros((*ctx.bias_shape[:3], -(-keys // 4) * 4), dtype=torch.float32, device=q.device)[..., :keys]
             variant = dataclasses.replace(variant, params={**variant.params,
                                                            "attn_bias_grad": bias_grad.expand(variant.params["attn_bias"].shape)})
         bwd_spec = _backward_spec(spec, bool(ctx.deterministic), bias_grad is not None)

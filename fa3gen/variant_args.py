@@ -136,6 +136,10 @@ def _check_bias_layout(name: str, t: torch.Tensor, full: tuple[int, ...], spec: 
     if (spec.block_m - 1) * t.stride(2) + spec.block_n >= 2**31:
         raise ValueError(f"fa3gen: {name}'s row stride {t.stride(2)} is too large: a {spec.block_m} x {spec.block_n} "
                          "tile must span fewer than 2^31 elements")
+    if spec.bias_grad and spec.bwd_bias_under_gemms and name == "attn_bias_grad" and not bias_rows_aligned(t):
+        raise ValueError(f"fa3gen: {spec.name} adds attn_bias_grad four keys per 16-byte atomic: its address and "
+                         f"batch, head and row strides must be multiples of 16 bytes, got address {t.data_ptr()} "
+                         f"and strides {t.stride()[:3]} (flash_attn_func pads its rows itself)")
     if spec.bias_staging and name == "attn_bias" and not bias_rows_aligned(t):
         raise ValueError(f"fa3gen: {spec.name} copies attn_bias rows in 16-byte pieces (bias_staging): its address "
                          f"and batch, head and row strides must be multiples of 16 bytes, got address "

@@ -217,6 +217,27 @@ def test_staged_bias_padded_rows_still_get_their_gradient(reference_kernels):
     torch.testing.assert_close(base.grad.double(), ref_grad, rtol=1e-5, atol=1e-6)
 
 
+def test_bias_gradient_rows_are_padded_for_the_vector_atomics(reference_kernels):
+    """The unmasked bias backward adds d(bias) four keys per 16-byte atomic: flash_attn_func's
+    gradient tensor has rows padded to 16 bytes (9 keys: a row stride of 12), and a kernel called
+    with unaligned rows refuses them; masked kernels (scalar atomics) take any rows."""
+    q, k, v = qkv(b=2, s=9, hq=4)
+    base = torch.randn(1, 4, 9, 9, requires_grad=True)
+    fa3gen.flash_attn_func(q, k, v, attn_bias=base).sum().backward()
+    _, (_, bwd_spec, _, bwd_variant) = reference_kernels
+    grad = bwd_variant.params["attn_bias_grad"]
+    assert bwd_spec.bwd_bias_under_gemms and grad.stride() == (0, 9 * 12, 12, 1)
+    assert base.grad.shape == base.shape
+    unaligned = torch.zeros(2, 4, 9, 9)
+    with pytest.raises(ValueError, match="adds attn_bias_grad four keys per 16-byte atomic"):
+        ops._fill_variant(ops.BwdParams(), types.SimpleNamespace(spec=bwd_spec),
+                          ops.VariantArgs(params={"attn_bias": unaligned, "attn_bias_grad": unaligned}), q, k, False)
+    causal = types.SimpleNamespace(spec=KernelSpec(head_dim=64, causal=True, bias=True).backward_spec(bias_grad=True))
+    assert not causal.spec.bwd_bias_under_gemms
+    ops._fill_variant(ops.BwdParams(), causal, ops.VariantArgs(params={"attn_bias": unaligned, "attn_bias_grad": unaligned}),
+                      q, k, True)
+
+
 def test_attn_bias_gradient_refusals(reference_kernels):
     q, k, v = qkv(b=2, s=8, hq=4)
     bias = torch.zeros(2, 4, 8, 8, requires_grad=True)

@@ -270,12 +270,15 @@ def test_bias_grad_adds_the_bias_gradient_in_the_backward():
     assert "auto const bias_grad = bias_tile<float>(p, 1, batch, head, m_block * kBlockM, n_block * kBlockN);" in code
     assert "float const dbias = ds_rows(r, c);" in code
     assert "bias_tile<float>(" not in render(fwd.backward_spec())
-    # Without masks or score modifiers, the step's bias is loaded right after its Sᵀ and dPᵀ GEMMs
-    # are issued, and each entry's atomic has no branch (one outside the problem adds 0 to the tile's first) ...
-    unmasked = render(KernelSpec(head_dim=128, bias=True).backward_spec(bias_grad=True))
+    # Without masks or score modifiers (bwd_bias_under_gemms), the step's bias is loaded right after
+    # its Sᵀ and dPᵀ GEMMs are issued, and d(bias) is added four keys per vector atomic ...
+    unmasked_spec = KernelSpec(head_dim=128, bias=True).backward_spec(bias_grad=True)
+    unmasked = render(unmasked_spec)
+    assert unmasked_spec.bwd_bias_under_gemms and not bwd.bwd_bias_under_gemms
     issue = unmasked.index("fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dp")
     assert unmasked.index("auto const bias_values = load_step_bias(", issue) < unmasked.index("warpgroup_wait<1>();", issue)
-    assert "atomicAdd(&bias_grad(inside ? row : 0, inside ? key : 0), inside ? dbias : 0.f);" in unmasked
+    assert "add_bias_grad(bias_grad, ds_rows, s_coord, bias_rows, bias_keys);" in unmasked
+    assert "atomicAdd(reinterpret_cast<float4*>(&bias_grad(row, key0)), keys4);" in unmasked
     # ... but causal, windowed, soft-capped or with a score_mod (more values live there) inside the probabilities.
     capped = render(KernelSpec(head_dim=64, softcap=True, bias=True).backward_spec(bias_grad=True))
     assert "float const dbias = dscore;" in capped
