@@ -1242,7 +1242,7 @@ class KernelSpec(BaseModel):
         assert self.q_buffers
         return _smem_bytes(self.dtype, self.block_m, self.block_n, self.head_dim, self.head_dim_v,
                            self.stages, self.epilogue, self.q_buffers, self.v_transpose_in_kernel,
-                           bool(self.row_sums_mma), _staged_bias_bytes(self.model_dump()))
+                           bool(self.row_sums_mma), _staged_bias_bytes(dict(self)))  # dict(): fields, no dump
 
     @property
     def bwd_splits_head_dim(self) -> bool:

@@ -23,7 +23,7 @@ import torch
 
 from . import ops
 from .spec import KernelSpec
-from .variant_args import _TORCH_DTYPES, VariantArgs, bias_rows_aligned
+from .variant_args import _TORCH_DTYPES, VariantArgs, bias_rows_aligned, empty_with_aligned_rows
 
 
 class _SpecAttention(torch.autograd.Function):
@@ -54,8 +54,7 @@ class _SpecAttention(torch.autograd.Function):
             # Of the caller's shape; expanded as the bias was, so the kernel adds the entries of a
             # size-1 batch or head dim into one element.
             # Rows padded to 16 bytes (the unmasked kernels add four keys per vector atomic).
-            keys = ctx.bias_shape[3]
-            bias_grad = torch.zeros((*ctx.bias_shape[:3], -(-keys // 4) * 4), dtype=torch.float32, device=q.device)[..., :keys]
+            bias_grad = empty_with_aligned_rows(ctx.bias_shape, torch.float32, q.device).zero_()
             variant = dataclasses.replace(variant, params={**variant.params,
                                                            "attn_bias_grad": bias_grad.expand(variant.params["attn_bias"].shape)})
         bwd_spec = _backward_spec(spec, bool(ctx.deterministic), bias_grad is not None)
@@ -175,12 +174,8 @@ def broadcast_bias(bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, aligned
     if bias.shape[3] > 1 and bias.stride(3) != 1:
         bias = bias.contiguous()
     if aligned_rows and not bias_rows_aligned(bias):
-        keys = bias.shape[3]
-        padded_keys = -(-keys * bias.element_size() // 16) * 16 // bias.element_size()
         with torch.no_grad():  # the kernel's copy; the caller's bias stays the autograd input
-            padded = bias.new_empty((*bias.shape[:3], padded_keys))
-            padded[..., :keys].copy_(bias)
-        bias = padded[..., :keys]
+            bias = empty_with_aligned_rows(tuple(bias.shape), bias.dtype, bias.device).copy_(bias)
     return bias.expand(full)
 
 

@@ -136,18 +136,28 @@ def _check_bias_layout(name: str, t: torch.Tensor, full: tuple[int, ...], spec: 
     if (spec.block_m - 1) * t.stride(2) + spec.block_n >= 2**31:
         raise ValueError(f"fa3gen: {name}'s row stride {t.stride(2)} is too large: a {spec.block_m} x {spec.block_n} "
                          "tile must span fewer than 2^31 elements")
-    if spec.bias_grad and spec.bwd_bias_under_gemms and name == "attn_bias_grad" and not bias_rows_aligned(t):
-        raise ValueError(f"fa3gen: {spec.name} adds attn_bias_grad four keys per 16-byte atomic: its address and "
-                         f"batch, head and row strides must be multiples of 16 bytes, got address {t.data_ptr()} "
-                         f"and strides {t.stride()[:3]} (flash_attn_func pads its rows itself)")
-    if spec.bias_staging and name == "attn_bias" and not bias_rows_aligned(t):
-        raise ValueError(f"fa3gen: {spec.name} copies attn_bias rows in 16-byte pieces (bias_staging): its address "
-                         f"and batch, head and row strides must be multiples of 16 bytes, got address "
-                         f"{t.data_ptr()} and strides {t.stride()[:3]} of {t.element_size()}-byte elements "
-                         "(flash_attn_func pads such a bias itself)")
+    # The kernels that move rows in 16-byte pieces: bias_staging's copies, the vector atomics of d(bias).
+    if name == "attn_bias" and spec.bias_staging:
+        sixteen_byte_use = "copies attn_bias rows in 16-byte pieces (bias_staging)"
+    elif name == "attn_bias_grad" and spec.bwd_bias_under_gemms:
+        sixteen_byte_use = "adds attn_bias_grad four keys per 16-byte atomic"
+    else:
+        return
+    if not bias_rows_aligned(t):
+        raise ValueError(f"fa3gen: {spec.name} {sixteen_byte_use}: its address and batch, head and row strides must "
+                         f"be multiples of 16 bytes, got address {t.data_ptr()} and strides {t.stride()[:3]} of "
+                         f"{t.element_size()}-byte elements (flash_attn_func pads its rows itself)")
 
 
 def bias_rows_aligned(t: torch.Tensor) -> bool:
     """Every row of the bias starts on a 16-byte boundary (bias_staging's copies); a size-1 dim's
     stride moves no row."""
     return t.data_ptr() % 16 == 0 and all(x * t.element_size() % 16 == 0 for x, n in zip(t.stride()[:3], t.shape) if n > 1)
+
+
+def empty_with_aligned_rows(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialized tensor of `shape` whose rows start on 16-byte boundaries: a view of one
+    with its last dim padded to a multiple of 16 bytes."""
+    per_16_bytes = 16 // (torch.finfo(dtype).bits // 8)
+    keys = shape[-1]
+    return torch.empty((*shape[:-1], -(-keys // per_16_bytes) * per_16_bytes), dtype=dtype, device=device)[..., :keys]
