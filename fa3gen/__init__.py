@@ -9,7 +9,7 @@ __version__ = "0.1.0"  # part of every cache key; keep equal to pyproject's vers
 
 from typing import TYPE_CHECKING, Any
 
-from .build import BuildError, JitDisabledError, build, build_many, ptxas_report
+from .build import BuildError, JitDisabledError, SerializedWgmmaWarning, build, build_many, ptxas_report
 from .kernel import CompiledKernel, compile
 from .prepare_spec import Fp8PrepareSpec
 from .registry import REGISTRY, default_bwd_spec, default_spec, resolve
@@ -27,6 +27,7 @@ __all__ = [
     "Fp8PrepareSpec",
     "JitDisabledError",
     "KernelSpec",
+    "SerializedWgmmaWarning",
     "ToolchainError",
     "__version__",
     "build",

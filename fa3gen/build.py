@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +29,11 @@ class BuildError(RuntimeError):
 
 class JitDisabledError(RuntimeError):
     """FA3GEN_NO_JIT is set and the spec's kernel is not in the cache."""
+
+
+class SerializedWgmmaWarning(UserWarning):
+    """ptxas serialized a kernel's WGMMAs (each waits for the one before): it runs, correctly, at
+    a fraction of its speed. Usually too many registers live across the GEMMs."""
 
 
 def jit_disabled() -> bool:
@@ -162,6 +168,11 @@ def _compile(p: Plan) -> BuildResult:
         cutlass=toolchain.cutlass_version(),
     )
     entry = cache.install(build_dir, p.entry)
+    for info in ptxas_report(entry):
+        if info.wgmma_serialized:
+            warnings.warn(f"fa3gen: ptxas serialized the WGMMAs of {p.spec.name}'s {info.function} "
+                          f"({info.wgmma_serialized}): it computes correctly but at a fraction of its speed "
+                          f"(generated source: {entry.path / cache.SOURCE})", SerializedWgmmaWarning, stacklevel=2)
     return BuildResult(p.spec, entry, p.key, seconds, cached=False)
 
 
@@ -237,12 +248,14 @@ class PtxasInfo:
     spill_loads: int
     stack_frame: int
     barriers: int
+    wgmma_serialized: str | None = None  # ptxas's reason, when it serialized the WGMMAs (C7512)
 
     def summary(self) -> str:
         return (
             f"{self.function} ({self.arch}): {self.registers} registers, {self.smem_bytes} B static smem, "
             f"{self.spill_stores} B spill stores, {self.spill_loads} B spill loads, "
             f"{self.stack_frame} B stack frame"
+            + (f", WGMMA SERIALIZED ({self.wgmma_serialized})" if self.wgmma_serialized else "")
         )
 
 
@@ -254,11 +267,13 @@ _FRAME_RE = re.compile(
 _USED_RE = re.compile(r"Used (\d+) registers")
 _BARRIERS_RE = re.compile(r"used (\d+) barriers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
+_SERIALIZED_RE = re.compile(r"wgmma\.mma_async instructions are serialized due to (.+?) for the function '([^']+)'")
 
 
 def parse_ptxas(log: str) -> list[PtxasInfo]:
     """Parse `ptxas info` lines; one record per entry function, in report order."""
     frames: dict[str, tuple[int, int, int]] = {}
+    serialized = {m.group(2): m.group(1) for m in _SERIALIZED_RE.finditer(log)}
     records: list[dict] = []
     current: dict | None = None
     pending_props: str | None = None
@@ -284,6 +299,7 @@ def parse_ptxas(log: str) -> list[PtxasInfo]:
                 function=r["function"], arch=r["arch"], registers=r.get("registers", 0),
                 smem_bytes=r.get("smem_bytes", 0), spill_stores=stores, spill_loads=loads,
                 stack_frame=stack, barriers=r.get("barriers", 0),
+                wgmma_serialized=serialized.get(r["function"]),
             )
         )
     return out

@@ -217,8 +217,34 @@ ptxas info    : Compiling entry function '_Z3barv' for 'sm_90a'
 ptxas info    : Function properties for _Z3barv
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 8 registers, 352 bytes cmem[0]
+ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the function '_Z3fooPf'
 """
     foo, bar = parse_ptxas(log)
+    assert foo.wgmma_serialized == "insufficient register resources" and bar.wgmma_serialized is None
+    assert "WGMMA SERIALIZED" in foo.summary() and "SERIALIZED" not in bar.summary()
     assert (foo.function, foo.registers, foo.smem_bytes, foo.barriers) == ("_Z3fooPf", 168, 1024, 1)
     assert (foo.stack_frame, foo.spill_stores, foo.spill_loads) == (16, 8, 4)
     assert (bar.registers, bar.smem_bytes, bar.spill_stores) == (8, 0, 0)
+
+
+def test_serialized_wgmma_is_reported_and_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ptxas's C7512 (the WGMMAs serialized: a correct kernel at a fraction of its speed) reaches the
+    report and a SerializedWgmmaWarning naming the spec. The mini kernel has no WGMMA, so an nvcc
+    wrapper adds the line ptxas prints, for the entry function it compiled."""
+    from fa3gen import toolchain
+
+    wrapper = tmp_path / "nvcc"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'out=$("{toolchain.find_nvcc()}" "$@" 2>&1); rc=$?\n'
+        "printf '%s\\n' \"$out\"\n"
+        "fn=$(printf '%s\\n' \"$out\" | sed -n \"s/.*Compiling entry function '\\([^']*\\)'.*/\\1/p\" | head -n 1)\n"
+        '[ -n "$fn" ] && echo "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions '
+        "are serialized due to insufficient register resources for the function '$fn'\"\n"
+        "exit $rc\n")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("FA3GEN_NVCC", str(wrapper))
+    with pytest.warns(fa3gen.SerializedWgmmaWarning, match=SPEC.name):
+        result = build(SPEC)
+    (info,) = ptxas_report(result)
+    assert info.wgmma_serialized == "insufficient register resources"
