@@ -40,6 +40,9 @@ CASES = [
     ("d64_head_broadcast_window", 2, 1000, 1000, 4, 4, 64, torch.float16, (2, 1), dict(causal=True, window_size=(200, 0))),
     ("d256_causal", 1, 700, 700, 2, 2, 256, torch.bfloat16, (1, 2), dict(causal=True)),
     ("d96_shared_everywhere", 2, 257, 257, 4, 2, 96, torch.float16, (1, 1), {}),
+    # The tile orders follow the dim the bias broadcasts over: (1, h) the batch fastest (the cases
+    # above), (b, 1) the heads, (b, h) the query blocks of one (batch, head) (d64_full).
+    ("d128_head_broadcast", 3, 500, 640, 4, 2, 128, torch.bfloat16, (3, 1), {}),
     ("d128_softcap", 2, 600, 600, 4, 2, 128, torch.bfloat16, (1, 4), dict(causal=True, softcap=20.0)),
     ("d128_score_mod", 2, 600, 600, 4, 2, 128, torch.bfloat16, (2, 4),
      dict(variant_spec=SCALED_BIAS, variant_params={"gain": 0.75})),
