@@ -241,11 +241,21 @@ def test_built_in_bias_adds_a_tensor_to_the_score_forward_and_backward():
     assert loop.index("load_bias(") < loop.index("warpgroup_wait<1>()") < loop.index("apply_score_mods(")
     assert "float2 const pair = *reinterpret_cast<float2 const*>(&bias(" in code
     assert code.index("fa3gen::tanh_approx(") < code.index("score += bias_values(r, c);")
-    # A persistent static schedule with a bias runs a (head, query block)'s batch side by side, so a
-    # bias the batch shares is read from DRAM once; other kernels keep each (batch, head) together.
+    # With a bias, the tile order follows the dim it broadcasts over (its strides, at run time), so
+    # the tiles that share its rows run side by side and read them from DRAM once: the static
+    # schedule runs a (head, query block)'s batch together for a bias the batch shares and its heads
+    # for one the heads share; the lpt schedule groups the batches of a head; the backward runs the
+    # batches of a kv head together. Kernels without a bias keep each (batch, head) together.
     static_bias = KernelSpec(head_dim=128, bias=True)
-    assert static_bias.scheduler == "static" and "int const batch = tile % p.batch;" in render(static_bias)
-    assert "int const batch = tile % p.batch;" not in render(KernelSpec(head_dim=128))
+    code = render(static_bias)
+    assert static_bias.scheduler == "static" and "if (bias_stride[0] == 0) {" in code
+    assert "batch = tile % p.batch;" in code and "head = tile % p.nheads_q;" in code
+    assert "bias_stride" not in render(KernelSpec(head_dim=128))
+    causal_bias = KernelSpec(head_dim=128, bias=True, causal=True)
+    assert causal_bias.scheduler == "lpt" and "int const head = head_batch / p.batch;" in render(causal_bias)
+    assert "head_batch / p.batch" not in render(KernelSpec(head_dim=128, causal=True))
+    assert "return {n_block, unit / p.batch, unit % p.batch};" in render(static_bias.backward_spec())
+    assert "unit_coordinates" not in render(KernelSpec(head_dim=128).backward_spec())
     bwd = spec.backward_spec()
     assert bwd.bias and not bwd.bwd_recomputes_softcap_grad
     assert KernelSpec(kind="bwd", head_dim=128, causal=True, softcap=True).bwd_recomputes_softcap_grad
