@@ -356,8 +356,8 @@ def test_bias_dtype_reads_a_16_bit_bias_as_it_is(dtype, element, pair, to_float2
 @pytest.mark.parametrize("dtype, entry_bytes", [("float32", 4), ("bfloat16", 2)])
 def test_bias_staging_copies_bias_rows_through_shared_memory(dtype, entry_bytes):
     """bias_staging: each consumer warpgroup copies its 64 rows of a key block's bias into a padded
-    shared tile with 16-byte cp.async under the block's GEMMs and reads its entries from there after
-    the wait, barriers on both sides of the reads; the tile's bytes count in the shared-memory
+    shared tile with 16-byte cp.async, a block ahead, and reads its entries from there after the
+    block's wait, barriers on both sides of the reads; the tile's bytes count in the shared-memory
     budget (the defaults give up the O staging tile or a Q buffer for it). Off by default and left
     out of the JSON: the other bias kernels keep their sources."""
     spec = KernelSpec(head_dim=128, bias=True, bias_dtype=dtype, bias_staging=True)
@@ -370,12 +370,21 @@ def test_bias_staging_copies_bias_rows_through_shared_memory(dtype, entry_bytes)
     code = render(spec)
     assert "constexpr int kBiasRowPitch = kBlockN + kBiasChunk;" in code
     assert "alignas(128) cute::array_aligned<BiasElement, kBlockM * kBiasRowPitch> bias;" in code
-    assert code.count("stage_bias(p, smem, ") == 2 and code.count("= read_staged_bias(p, smem, ") == 2  # first block, loop
+    # The first block's copies before the tile's waits; each later block's issued by the block
+    # before, once its own entries are added to S (the buffer is free): they land under a softmax
+    # and the next GEMMs.
+    assert code.count("= read_staged_bias(p, smem, ") == 2  # first block, loop
+    assert code.count("stage_bias(p, smem, t, n_block, warpgroup, mma_thread % 128);  // copies under the waits") == 1
+    ahead = "if (n_block > blocks.begin) { stage_bias(p, smem, t, n_block - 1, warpgroup, mma_thread % 128); }"
+    assert code.count(ahead) == 2
+    loop = code[code.index("for (int n_block = blocks.end - 2; n_block >= blocks.begin; --n_block)"):]
+    assert loop.index("read_staged_bias(") < loop.index("apply_score_mods(") < loop.index(ahead)
     assert "SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(" in code
     assert code.count("cutlass::arch::NamedBarrier::sync(128, kBiasBarrier + warpgroup);") == 2
     assert "load_bias(p, s_coord" not in code  # no entry is read from global memory in the loop
     serial = KernelSpec(head_dim=128, bias=True, bias_dtype=dtype, bias_staging=True, intra_wg_overlap=False)
-    assert "stage_bias(p, smem, t, n_block, warpgroup, mma_thread % 128);" in render(serial)
+    assert "{ stage_bias(p, smem, t, blocks.end - 1, warpgroup, mma_thread % 128); }  // the first block's" in render(serial)
+    assert ahead in render(serial)
     assert spec.backward_spec() == plain.backward_spec()  # the forward's choice; the backward reads as before
     for bad in (dict(head_dim=128, bias_staging=True), dict(kind="bwd", head_dim=128, bias=True, bias_staging=True)):
         with pytest.raises(ValidationError, match="bias_staging stages the forward's attn_bias tiles"):
