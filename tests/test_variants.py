@@ -356,8 +356,8 @@ def test_bias_dtype_reads_a_16_bit_bias_as_it_is(dtype, element, pair, to_float2
 @pytest.mark.parametrize("dtype, entry_bytes", [("float32", 4), ("bfloat16", 2)])
 def test_bias_staging_copies_bias_rows_through_shared_memory(dtype, entry_bytes):
     """bias_staging: each consumer warpgroup copies its 64 rows of a key block's bias into a padded
-    shared tile with 16-byte cp.async, a block ahead, and reads its entries from there after the
-    block's wait, barriers on both sides of the reads; the tile's bytes count in the shared-memory
+    shared tile with 16-byte cp.async (a block ahead for 16-bit biases, under the block's GEMMs for
+    fp32) and reads its entries from there after the block's wait, barriers on both sides of the reads; the tile's bytes count in the shared-memory
     budget (the defaults give up the O staging tile or a Q buffer for it). Off by default and left
     out of the JSON: the other bias kernels keep their sources."""
     spec = KernelSpec(head_dim=128, bias=True, bias_dtype=dtype, bias_staging=True)
@@ -370,21 +370,32 @@ def test_bias_staging_copies_bias_rows_through_shared_memory(dtype, entry_bytes)
     code = render(spec)
     assert "constexpr int kBiasRowPitch = kBlockN + kBiasChunk;" in code
     assert "alignas(128) cute::array_aligned<BiasElement, kBlockM * kBiasRowPitch> bias;" in code
-    # The first block's copies before the tile's waits; each later block's issued by the block
-    # before, once its own entries are added to S (the buffer is free): they land under a softmax
-    # and the next GEMMs.
+    # 16-bit biases (bias_staged_ahead): the first block's copies before the tile's waits, each later
+    # block's issued by the block before once its own entries are added to S (the buffer is free),
+    # so they land under a softmax and the next GEMMs. fp32 (slower that way): each block's copies
+    # right after its own GEMMs are issued.
+    assert spec.bias_staged_ahead == (dtype != "float32")
     assert code.count("= read_staged_bias(p, smem, ") == 2  # first block, loop
-    assert code.count("stage_bias(p, smem, t, n_block, warpgroup, mma_thread % 128);  // copies under the waits") == 1
     ahead = "if (n_block > blocks.begin) { stage_bias(p, smem, t, n_block - 1, warpgroup, mma_thread % 128); }"
-    assert code.count(ahead) == 2
+    under_gemms = "stage_bias(p, smem, t, n_block, warpgroup, mma_thread % 128);  // copies under the GEMMs"
     loop = code[code.index("for (int n_block = blocks.end - 2; n_block >= blocks.begin; --n_block)"):]
-    assert loop.index("read_staged_bias(") < loop.index("apply_score_mods(") < loop.index(ahead)
+    if spec.bias_staged_ahead:
+        assert code.count("stage_bias(p, smem, t, n_block, warpgroup, mma_thread % 128);  // copies under the waits") == 1
+        assert code.count(ahead) == 2 and under_gemms not in code
+        assert loop.index("read_staged_bias(") < loop.index("apply_score_mods(") < loop.index(ahead)
+    else:
+        assert code.count(under_gemms) == 2 and ahead not in code
+        assert loop.index(under_gemms) < loop.index("warpgroup_wait<1>()") < loop.index("read_staged_bias(")
     assert "SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(" in code
     assert code.count("cutlass::arch::NamedBarrier::sync(128, kBiasBarrier + warpgroup);") == 2
     assert "load_bias(p, s_coord" not in code  # no entry is read from global memory in the loop
     serial = KernelSpec(head_dim=128, bias=True, bias_dtype=dtype, bias_staging=True, intra_wg_overlap=False)
-    assert "{ stage_bias(p, smem, t, blocks.end - 1, warpgroup, mma_thread % 128); }  // the first block's" in render(serial)
-    assert ahead in render(serial)
+    serial_code = render(serial)
+    if spec.bias_staged_ahead:
+        assert "{ stage_bias(p, smem, t, blocks.end - 1, warpgroup, mma_thread % 128); }  // the first block's" in serial_code
+        assert ahead in serial_code
+    else:
+        assert "stage_bias(p, smem, t, n_block, warpgroup, mma_thread % 128);  // copies under the GEMM" in serial_code
     assert spec.backward_spec() == plain.backward_spec()  # the forward's choice; the backward reads as before
     for bad in (dict(head_dim=128, bias_staging=True), dict(kind="bwd", head_dim=128, bias=True, bias_staging=True)):
         with pytest.raises(ValidationError, match="bias_staging stages the forward's attn_bias tiles"):
