@@ -1312,6 +1312,18 @@ class KernelSpec(BaseModel):
         return self.bias_staging and self.bias_dtype != "float32"
 
     @property
+    def bwd_bias_prefetch(self) -> bool:
+        """Backward with attn_bias read in the probabilities (masked: not bwd_bias_under_gemms), in
+        the loop that runs each step's dQ in the step: the next step's bias
+        rows are prefetched into L1 under this step's dQ GEMM, so the reads after the GEMMs' wait hit
+        L1 (ncu: waits for those reads were the largest stall). H100, b4 h16 s4k hdim 128 causal,
+        bias (1, h, s, s): fp32 4.084 -> 3.879 ms, bf16 4.461 -> 4.242. The kernels that load under
+        the GEMMs lost with it (fp32 6.251 -> 7.166 ms)."""
+        return (self.kind == "bwd" and self.bias and not self.bwd_bias_under_gemms
+                and not (self.softcap or self.score_mod)  # their kernels spill 300-400 B: untried
+                and not (self.dq_deferred or self.dq_single_warpgroup))
+
+    @property
     def bwd_bias_under_gemms(self) -> bool:
         """Backward with attn_bias, unmasked and unmodified: a step's bias entries are loaded right
         after its Sᵀ and dPᵀ GEMMs are issued, and with bias_grad d(bias) is added four adjacent
