@@ -296,6 +296,17 @@ def test_bias_grad_adds_the_bias_gradient_in_the_backward():
         assert "load_step_bias" not in later
         assert "if (row < bias_rows && key < bias_keys && dbias != 0.f) { atomicAdd(&bias_grad(row, key), dbias); }" in later
     assert "auto const bias = bias_tile<float const>(p, 0, batch, head, m_block * kBlockM, key0);" in capped
+    # Masked hdim 128 (bwd_bias_prefetch): the next step's bias rows go into L1 under this step's dQ
+    # GEMM, so those reads after the wait hit L1; not where the loads run under the GEMMs, nor with
+    # softcap or a score_mod, nor in the dq_deferred loops (hdim 64).
+    causal = KernelSpec(head_dim=128, causal=True, bias=True).backward_spec(bias_grad=True)
+    causal_code = render(causal)
+    assert causal.bwd_bias_prefetch and causal_code.count("prefetch.global.L1") == 2
+    assert causal_code.index("prefetch_step_bias(p, s_coord, batch, head, m_block + 1, n_block);") > causal_code.index(
+        "fa3gen::wgmma_gemm</*kZeroInit=*/true>(mma_dq")
+    for other in (unmasked_spec, KernelSpec(head_dim=128, causal=True, softcap=True, bias=True).backward_spec(),
+                  KernelSpec(head_dim=64, causal=True, bias=True).backward_spec()):
+        assert not other.bwd_bias_prefetch and "prefetch.global.L1" not in render(other)
     for bad, match in ((dict(head_dim=64, bias=True, bias_grad=True), "needs kind='bwd' and bias=True"),
                        (dict(kind="bwd", head_dim=64, bias_grad=True), "needs kind='bwd' and bias=True"),
                        (dict(kind="bwd", head_dim=64, bias=True, bias_grad=True, deterministic=True), "not deterministic"),
