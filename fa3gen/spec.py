@@ -1318,10 +1318,11 @@ class KernelSpec(BaseModel):
         rows are prefetched into L1 under this step's dQ GEMM, so the reads after the GEMMs' wait hit
         L1 (ncu: waits for those reads were the largest stall). H100, b4 h16 s4k hdim 128 causal,
         bias (1, h, s, s): fp32 4.084 -> 3.879 ms, bf16 4.461 -> 4.242. The kernels that load under
-        the GEMMs lost with it (fp32 6.251 -> 7.166 ms)."""
+        the GEMMs lost with it (fp32 6.251 -> 7.166 ms), and so did the hdim 256 one that splits the
+        head dim (b4 h8 s4k causal: fp32 3.137 -> 3.255 ms, bf16 3.328 -> 3.510)."""
         return (self.kind == "bwd" and self.bias and not self.bwd_bias_under_gemms
                 and not (self.softcap or self.score_mod)  # their kernels spill 300-400 B: untried
-                and not (self.dq_deferred or self.dq_single_warpgroup))
+                and not (self.dq_deferred or self.dq_single_warpgroup or self.bwd_splits_head_dim))
 
     @property
     def bwd_bias_under_gemms(self) -> bool:

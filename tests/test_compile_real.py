@@ -304,7 +304,10 @@ def test_sass_bias_staged_through_shared_memory(builds: dict[str, BuildResult], 
     assert len(reads) == spec.block_m * spec.block_n // (128 * spec.num_consumer_warpgroups) // 2, len(reads)
     assert len([t for t in loop if re.search(r"\bBAR\.SYNC\b", t)]) == 2
     cut_chunk = [t for t in loop if re.search(r"\bLDG\.E", t)]
-    assert len(cut_chunk) <= 8, cut_chunk
+    # 16-bit biases copy the next block's rows from inside the loop (bias_staged_ahead): its inlined
+    # copy holds the cut-chunk path too, four rows unrolled, though the next block is never cut.
+    # Without that path (a template flag) the bf16 forward ran 8% slower (H100, 1.268 -> 1.372 ms).
+    assert len(cut_chunk) <= (8 + 24 if spec.bias_staged_ahead else 8), cut_chunk
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].v_transpose_in_kernel])
