@@ -519,6 +519,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "bias_grad": lambda f: False,
     "bias_dtype": lambda f: "float32",
     "bias_staging": lambda f: False,
+    "kv_multicast": lambda f: False,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -586,6 +587,30 @@ def _kv_factors_in_smem_blockers(fields: dict[str, Any]) -> list[str]:
     why = []
     if fields.get("dtype") != "e4m3":
         why.append("dtype='e4m3' (only fp8 kernels have K and V factors)")
+    return why
+
+
+def _kv_multicast_blockers(fields: dict[str, Any]) -> list[str]:
+    """A filled spec's fields: why its K and V blocks cannot be multicast across a cluster of two
+    CTAs (empty: they can). Both CTAs load the same key blocks in the same order, so every tile of
+    a head must visit the same ones, and the producer must load V with TMA as the GEMM reads it."""
+    why = []
+    if fields.get("kind") != "fwd":
+        why.append("kind='fwd'")
+    if fields.get("scheduler") != "static":
+        why.append("scheduler='static' (the cluster's CTAs take tile pairs in a fixed order)")
+    per_tile_keys = [name for name in ("causal", "window", "mask_mod", *BUILT_IN_MASKS, "block_sparse", "warpgroup_key_trim")
+                     if fields.get(name)]
+    if per_tile_keys:
+        why.append(f"the same key blocks for every tile of a head (not {', '.join(per_tile_keys)})")
+    if fields.get("bias"):
+        why.append("no attn_bias (its tile orders follow the bias's broadcast, not query-block pairs)")
+    if fields.get("epilogue") == "tma_v":
+        why.append("an epilogue other than 'tma_v' (O staged in V's buffers)")
+    if fields.get("v_transpose_in_kernel"):
+        why.append("V in the kernel's layout (not v_transpose_in_kernel)")
+    if fields.get("kv_factors_in_smem"):
+        why.append("K/V factors loaded by the consumers (not kv_factors_in_smem)")
     return why
 
 
@@ -789,6 +814,14 @@ class KernelSpec(BaseModel):
     # one factor per (batch, head), H200 2026-12-03), the serial loop instead of its lanes' loads
     # a block ahead. None: off (KV_FACTORS_IN_SMEM_DEFAULT: no faster, measured).
     kv_factors_in_smem: bool | None = None
+    # K and V multicast across a cluster of two CTAs: the cluster's CTAs run adjacent query blocks
+    # of one (batch, head) and each loads half of every K and V block with one TMA multicast into
+    # both CTAs' shared memory, so each key block leaves L2 once per two query blocks (half the
+    # L2-to-SM traffic, and its energy where a kernel runs at the power limit). The persistent grid
+    # is as many clusters as fit at once; a head's query blocks are taken in pairs (an odd count's
+    # last pair has a tile past seqlen_q that loads and computes but stores nothing). Needs every
+    # tile of a head to visit the same key blocks (_kv_multicast_blockers). Off unless set.
+    kv_multicast: bool = False
     # Block sparsity for a mask_mod: before the first launch for a problem (shapes and param
     # values), a generated kernel classifies each (query block, key block) pair as empty, partial or
     # full, reduced per tile to the blocks it visits and the longest run of full ones: a forward
@@ -1085,7 +1118,8 @@ class KernelSpec(BaseModel):
                                           ("lazy_rescale", self.lazy_rescale),
                                           ("row_reduce_chains", self.row_reduce_chains != 1),
                                           ("epilogue", self.epilogue != "direct"),
-                                          ("q_buffers", self.q_buffers != 1)) if on]
+                                          ("q_buffers", self.q_buffers != 1),
+                                          ("kv_multicast", self.kv_multicast)) if on]
         if fwd_only:
             raise ValueError(f"{', '.join(fwd_only)} apply to forward kernels only; leave them unset for kind='bwd'")
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
@@ -1212,6 +1246,8 @@ class KernelSpec(BaseModel):
             raise ValueError("kv_factors_in_smem needs " + "; ".join(blockers))
         if self.block_sparse:
             self._check_block_sparse()
+        if self.kv_multicast and (blockers := _kv_multicast_blockers(self.model_dump())):
+            raise ValueError("kv_multicast needs " + "; ".join(blockers))
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -1457,6 +1493,7 @@ class KernelSpec(BaseModel):
         sched += "_bstg" if self.bias_staging else ""
         sched += "_kvfs" if self.kv_factors_in_smem else ""
         sched += "_bsp" if self.block_sparse else ""
+        sched += "_mc2" if self.kv_multicast else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

@@ -14,7 +14,7 @@ import pytest
 from fa3gen import REGISTRY, ptxas_report
 from fa3gen.build import BuildResult, build_many
 from fa3gen.registry import REPRESENTATIVE
-from fa3gen.sass import WAIT_ALL_WGMMA, dump_sass, find_cuobjdump, key_block_loop, wait_placement
+from fa3gen.sass import WAIT_ALL_WGMMA, dump_sass, find_cuobjdump, instructions, key_block_loop, wait_placement
 from fa3gen.spec import SMEM_BUDGET_BYTES, WGMMA_K_FP8, KernelSpec
 
 # The representative spec (TMA-store epilogue per warpgroup), the one with the most register
@@ -70,6 +70,10 @@ SPECS = {
     # FP8 with each key block's K and V factors stored by the producer beside its K (before the
     # stage's arming arrival, which releases them), read by the pingpong loop from shared memory.
     "d256_e4m3_kv_factors_in_smem": KernelSpec(head_dim=256, dtype="e4m3", kv_factors_in_smem=True),
+    # K and V multicast across a cluster of two CTAs (adjacent query blocks of one head): each
+    # CTA's half of every block lands in both; the producer (24 registers) keeps a few values of its
+    # loads in local memory, the consumers none.
+    "d256_e4m3_kv_multicast": KernelSpec(head_dim=256, dtype="e4m3", kv_multicast=True),
     # Block sparsity for a mask_mod (packed documents, causal within each): the library also holds
     # the classifier kernel that writes each query block's key block ranges.
     "d64_documents_block_sparse": KernelSpec(
@@ -117,7 +121,9 @@ NAMES = list(SPECS)
 # the softmax, beside S, O and P: ptxas keeps a few loop values in local memory (14 LDL/STL of a
 # ~1100-instruction loop; 112 B). It measured 2.3x faster than reading the bias after the GEMMs'
 # wait without spills (H100, 2026-12-05).
-SPILL_BYTES_ALLOWED = {"fwd_d256_bf16_causal": 16, "fwd_d192_bf16_causal": 48, "bwd_d128_bf16_causal": 60,
+# The multicast fp8 hdim 256 forward's producer warpgroup (24 registers, beside consumers at 240)
+# keeps its multicast partitions' values in local memory: 72 B, none in the consumers.
+SPILL_BYTES_ALLOWED = {"d256_e4m3_kv_multicast": 72, "fwd_d256_bf16_causal": 16, "fwd_d192_bf16_causal": 48, "bwd_d128_bf16_causal": 60,
                        "bwd_d128_causal_window_bias_grad": 32, "bwd_d128_bias_grad": 56, "d128_bias": 112}
 LOOP_LOCAL_MEMORY_ALLOWED = {"d128_bias": 16}
 
@@ -222,6 +228,17 @@ def test_block_sparse_library_holds_the_classifier(builds: dict[str, BuildResult
     classifier = [f for f in functions if "block_ranges_kernel" in f]
     assert len(functions) == (2 if SPECS[name].kind == "fwd" else 4) and len(classifier) == 1, sorted(functions)
     assert functions[classifier[0]].registers <= 64, functions[classifier[0]].summary()
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kv_multicast])
+def test_sass_kv_multicast(builds: dict[str, BuildResult], name: str) -> None:
+    """kv_multicast: K's and V's TMA loads are multicast (Q's are not), and the local memory its
+    producer uses lies after the producer's register release, outside the consumers' code."""
+    ins = [t for _, t in instructions(_sass(builds[name]))]
+    assert {t.split()[0] for t in ins if "UTMALDG" in t} >= {"UTMALDG.4D", "UTMALDG.4D.MULTICAST"}
+    release = next(i for i, t in enumerate(ins) if "USETMAXREG.DEALLOC" in t)
+    local = [i for i, t in enumerate(ins) if re.search(r"\b(LDL|STL)\b", t)]
+    assert all(i > release for i in local), "local memory outside the producer"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kv_factors_in_smem])

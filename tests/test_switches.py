@@ -364,6 +364,52 @@ def test_kv_factors_in_smem_render_and_refusals(head_dim):
         KernelSpec(kind="bwd", head_dim=head_dim, kv_factors_in_smem=True)
 
 
+@pytest.mark.parametrize("fields", [dict(head_dim=128), dict(head_dim=128, block_m=192), dict(head_dim=64, dtype="fp16"),
+                                    dict(head_dim=256, dtype="e4m3"), dict(head_dim=256, epilogue="direct", softcap=True)],
+                         ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_kv_multicast_render_and_refusals(fields):
+    """K/V multicast across clusters of two CTAs: off by default (absent from the canonical JSON, the
+    kernel's source unchanged), opt-in where every tile of a head visits the same key blocks.
+    Rendered as multicast TMA loads of K and V (each CTA's half of a block, into both CTAs), the K/V
+    pipelines over the cluster, a cluster-wide barrier after their init, the producer's tail (no
+    CTA leaves while the other may still release its stages), query blocks in pairs, and a
+    cluster launch sized by the clusters that fit."""
+    default = KernelSpec(**fields)
+    assert not default.kv_multicast and "kv_multicast" not in default.canonical_json()
+    on = KernelSpec(**fields, kv_multicast=True)
+    assert on.name == default.name + "_mc2" and '"kv_multicast":true' in on.canonical_json()
+    code, plain = render(on), render(default)
+    # the K and V copy types (traits) and the descriptors the launcher builds
+    assert code.count("make_tma_copy(SM90_TMA_LOAD_MULTICAST{}") == 4 and code.count("SM90_TMA_LOAD_MULTICAST{}, GmemTensor{}") == 2
+    assert code.count("uint16_t(kClusterMask)), tKgK") + code.count("uint16_t(kClusterMask)), tVgV") >= 2
+    assert code.count("tma_partition(p.tma_k, cta_rank, Layout<Int<kClusterM>>{}") == 1
+    assert code.count("tma_pipeline_params<PipelineKV>(warpgroup, kBytesK), ClusterShape{});") == 1
+    assert "cute::cluster_arrive_relaxed();\n  cute::cluster_wait();" in code
+    assert "pipeline_k.producer_tail(write);\n  pipeline_v.producer_tail(write);" in code
+    assert "cute::ceil_div(p.seqlen_q, int(kBlockM) * kClusterM) * kClusterM" in code
+    assert "cudaLaunchAttributeClusterDimension" in code and "cudaOccupancyMaxActiveClusters" in code
+    for text in ("MULTICAST", "kCluster", "cluster_", "producer_tail"):
+        assert text not in plain, text
+
+
+@pytest.mark.parametrize("fields, why", [
+    (dict(causal=True), "the same key blocks for every tile of a head \\(not causal"),
+    (dict(window=True), "not window"),
+    (dict(mask_mod={"expr": "kv_idx <= q_idx"}), "not mask_mod"),
+    (dict(scheduler="lpt"), "scheduler='static'"),
+    (dict(scheduler="grid"), "scheduler='static'"),
+    (dict(bias=True), "no attn_bias"),
+    (dict(warpgroup_key_trim=True), "not warpgroup_key_trim"),
+    (dict(head_dim=256, epilogue="tma_v"), "an epilogue other than 'tma_v'"),
+    (dict(dtype="e4m3", v_transpose_in_kernel=True), "not v_transpose_in_kernel"),
+    (dict(dtype="e4m3", kv_factors_in_smem=True), "not kv_factors_in_smem"),
+    (dict(kind="bwd"), "kv_multicast apply to forward kernels only"),
+])
+def test_kv_multicast_refusals(fields, why):
+    with pytest.raises(ValidationError, match=why):
+        KernelSpec(**{"head_dim": 128, **fields, "kv_multicast": True})
+
+
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_q_registers_defaults_and_render(head_dim):
     """Q in registers for Q·Kᵀ: on by default for the causal kernels of hdim 128 (16-bit and e4m3,
