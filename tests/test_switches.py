@@ -384,7 +384,7 @@ def test_kv_multicast_render_and_refusals(fields):
     assert code.count("uint16_t(kClusterMask)), tKgK") + code.count("uint16_t(kClusterMask)), tVgV") >= 2
     assert code.count("tma_partition(p.tma_k, cta_rank, Layout<Int<kClusterM>>{}") == 1
     assert code.count("tma_pipeline_params<PipelineKV>(warpgroup, kBytesK), ClusterShape{});") == 1
-    assert "cute::cluster_arrive_relaxed();\n  cute::cluster_wait();" in code
+    assert "cute::cluster_arrive();\n  cute::cluster_wait();" in code
     assert "pipeline_q.producer_tail(write_q);\n  pipeline_k.producer_tail(write);\n  pipeline_v.producer_tail(write);" in code
     # every pipeline over the cluster (in a cluster launch, one of a single CTA releases rank 0's)
     assert code.count("ClusterShape{});") == 3 and "Shape<_1, _1, _1>" not in code
