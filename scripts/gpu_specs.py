@@ -33,6 +33,7 @@ def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
     import test_block_sparse_gpu
     import test_bwd_gpu
     import test_fp8_gpu
+    import test_multicast_gpu
     import test_switches_gpu
     import test_tensor_built_ins_gpu
     import test_variants_bwd_gpu
@@ -44,6 +45,7 @@ def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
     specs += list(test_switches_gpu.SPECS) + [test_switches_gpu.CUSTOM_SPEC]
     specs += list(test_variants_gpu.SPECS) + list(test_variants_bwd_gpu.SPECS)
     specs += list(test_fp8_gpu.SPECS)
+    specs += list(test_multicast_gpu.SPECS) + list(test_multicast_gpu.FP8_SPECS)
     # test_bwd_gpu's kernel pairs that must agree bit for bit.
     specs += [test_bwd_gpu.agreement_spec(field, value, *case[:4])
               for field, (values, cases) in test_bwd_gpu.AGREEMENTS.items() for case in cases for value in values]

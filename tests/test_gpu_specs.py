@@ -20,11 +20,13 @@ def test_gpu_specs_hold_every_gpu_test_modules_specs():
     import custom_mask_mod
     import test_bias_grad_gpu
     import test_block_sparse_gpu
+    import test_multicast_gpu
     import test_switches_gpu
     import test_tensor_built_ins_gpu
 
     wanted = [*test_bias_grad_gpu._specs(), *test_block_sparse_gpu.SPECS, *test_tensor_built_ins_gpu.SPECS,
-              *test_switches_gpu.SPECS, custom_mask_mod.PREFIX_LM.backward_spec()]
+              *test_switches_gpu.SPECS, *test_multicast_gpu.SPECS, *test_multicast_gpu.FP8_SPECS,
+              custom_mask_mod.PREFIX_LM.backward_spec()]
     missing = [spec.name for spec in wanted if spec not in specs]
     assert not missing, missing
     assert any(spec.kind == "bwd" and spec.bias_grad for spec in specs)
