@@ -326,7 +326,9 @@ struct TileDescale {
   // 128-row blocks).
   __device__ TileDescale(KernelParams const& p, TileCoord const& t, int mma_thread)
       : k_per_block(k_factor_per_block(p)), v_unit(1.f) {
-    int const q_block = p.q_scale_block.div(t.m_block * kBlockM + mma_thread / 128 * kWarpgroupRows);
+    // A warpgroup whose rows all lie past seqlen_q (a 192-row tile's last warpgroup, a cluster's
+    // tile past the last query block) takes the last scale block's factor: there is none past it.
+    int const q_block = p.q_scale_block.div(min(t.m_block * kBlockM + mma_thread / 128 * kWarpgroupRows, p.seqlen_q - 1));
     qk = descale_at(p.q_descale, t.batch, t.head, q_block) *
          (k_per_block ? 1.f : descale_at(p.k_descale, t.batch, t.head_kv, 0));
   }
