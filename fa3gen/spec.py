@@ -595,8 +595,6 @@ def _kv_multicast_blockers(fields: dict[str, Any]) -> list[str]:
     CTAs (empty: they can). Both CTAs load the same key blocks in the same order, so every tile of
     a head must visit the same ones, and the producer must load V with TMA as the GEMM reads it."""
     why = []
-    if fields.get("kind") != "fwd":
-        why.append("kind='fwd'")
     if fields.get("scheduler") != "static":
         why.append("scheduler='static' (the cluster's CTAs take tile pairs in a fixed order)")
     per_tile_keys = [name for name in ("causal", "window", "mask_mod", *BUILT_IN_MASKS, "block_sparse", "warpgroup_key_trim")

@@ -389,7 +389,7 @@ def test_kv_multicast_render_and_refusals(fields):
     # every pipeline over the cluster (in a cluster launch, one of a single CTA releases rank 0's)
     assert code.count("ClusterShape{});") == 3 and "Shape<_1, _1, _1>" not in code
     assert "cute::ceil_div(p.seqlen_q, int(kBlockM) * kClusterM) * kClusterM" in code
-    assert "cudaLaunchAttributeClusterDimension" in code and "cudaOccupancyMaxActiveClusters" in code
+    assert "cudaLaunchAttributeClusterDimension" in code and "fa3gen::max_active_clusters_once<fwd_kernel>" in code
     for text in ("MULTICAST", "kCluster", "cluster_", "producer_tail"):
         assert text not in plain, text
 

@@ -37,6 +37,21 @@ cudaError_t device_attribute(int* value) {
   return err;
 }
 
+// How many clusters of `config`'s shape (its cluster dimension, block and shared memory) the
+// current device holds at once: a cluster's CTAs share a GPC, so a persistent cluster grid can be
+// smaller than the SM count. Queried once per device, after the shared-memory limit is raised.
+template <auto Kernel>
+cudaError_t max_active_clusters_once(cudaLaunchConfig_t const& config, int* clusters) {
+  static std::atomic<int> cached[kMaxDevices];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) { return err; }
+  if (device < kMaxDevices && (*clusters = cached[device].load()) > 0) { return cudaSuccess; }
+  err = cudaOccupancyMaxActiveClusters(clusters, Kernel, &config);
+  if (err == cudaSuccess && device < kMaxDevices) { cached[device].store(*clusters); }
+  return err;
+}
+
 // A (seqlen, dim, heads, batch) view of a (batch, seqlen, heads, dim) tensor with run-time strides
 // in elements and a contiguous last dim: what the TMA descriptors are built from.
 template <class Pointer>
