@@ -78,7 +78,18 @@ REGISTRY: dict[str, KernelSpec] = {
 #   causal 314 -> 321; eager: 456 -> 476, causal 293 -> 302. From 1k on 80 keys win (graphs: s1k
 #   611 vs 567, causal 418 vs 404; s2k 673 vs 613). With lazy rescale (measured later that day)
 #   64 keys also win causal s1k: 460 vs 448 (graphs 461 vs 448); not causal s1k ties (661 vs 663).
+# - hdim 64, not causal, up to 2k: three Q buffers (the next two tiles' Q land while a tile runs;
+#   a 512-query head is three 192-row tiles, so tile starts weigh most there). H100s (the H200 was
+#   not lent), `scripts/compare_specs.py --seqlens 512,1024,2048`, TFLOP/s two Q buffers -> three:
+#   2026-12-05 bf16 s512 368.1 -> 380.9, s1k 412.5 -> 417.9, fp16 s512 385.9 -> 392.2, s1k 406.3
+#   -> 409.4; 2026-12-06, two processes per dtype: bf16 s512 378.0 -> 383.4 and 382.6 -> 393.0,
+#   s1k 422.1 -> 423.0 and 422.3 -> 424.0, s2k 486.8 -> 488.5 and 485.3 -> 486.2; fp16 s512 369.7
+#   -> 374.7 and 369.6 -> 373.3, s1k 413.8 -> 415.3 and 410.7 -> 413.1, s2k 468.7 -> 469.2 and
+#   472.1 -> 472.4. Past 2k within -1.3% to +0.8% (2026-12-05), so the long bucket keeps two.
+#   (Three stages on top lost 2-3% at every length; 128-row pingpong tiles with three Q buffers
+#   lost 3-12%.)
 SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
+    (64, False): (2048, {"q_buffers": 3}, {}),
     (64, True): (2048, {"stages": 3}, {}),
     (128, False): (1024, {"q_registers": True}, {"block_m": 192}),
     (256, False): (512, {"block_n": 64}, {}),

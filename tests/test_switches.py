@@ -143,7 +143,7 @@ def test_q_loads_a_tile_ahead_with_q_in_registers():
         if spec.kind == "fwd":
             assert "load_q_of_tile" not in render(spec)
     assert sorted(n for n, s in registry.REGISTRY.items() if s.loads_q_a_tile_ahead) == [
-        "fwd_d128_bf16_short", "fwd_d128_fp16_short"]
+        "fwd_d128_bf16_short", "fwd_d128_fp16_short", "fwd_d64_bf16_short", "fwd_d64_fp16_short"]
 
 
 def test_q_loads_a_tile_ahead_with_three_q_buffers():
