@@ -637,6 +637,37 @@ def test_bench_dry_run_on_cpu(monkeypatch, tmp_path, capsys, cpu_op):
         assert case["flops"] == flops
 
 
+def test_bench_times_the_matmul_beside_each_case(monkeypatch, tmp_path, capsys, cpu_op):
+    """fa3gen/matmul divides by the matmul timed in the case's own interleaved rounds (the one
+    timed alone before the cases stays as the header's ceiling line)."""
+    import json
+
+    from fa3gen import bench
+
+    fake_gpu_for_bench(monkeypatch)
+    monkeypatch.setattr(ops, "_kernel_for", lambda *key: object())
+    rounds: list[list[str]] = []
+    timer = bench.time_cuda_ms_interleaved
+
+    def recording(fns, *a):
+        rounds.append(list(fns))
+        return timer(fns, *a)
+
+    monkeypatch.setattr(bench, "time_cuda_ms_interleaved", recording)
+    out_json = tmp_path / "bench.json"
+    rc = bench.main(["--device", "cpu", "--hdim", "64", "--seqlens", "32", "--total-tokens", "64", "--hidden", "256",
+                     "--reps", "2", "--warmup", "1", "--matmul-n", "64", "--json", str(out_json)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    res = json.loads(out_json.read_text())
+    assert res["matmul_n"] == 64 and res["matmul_bf16_8192_tflops"] > 0
+    assert rounds == [["fn"]] + [["fa3gen", "cudnn", "flash", "matmul"]] * 2  # alone, then not causal, causal
+    for case in res["cases"]:
+        assert "matmul" not in case["results"] and case["matmul_tflops"] > 0
+        assert case["fa3gen_over_matmul"] == case["results"]["fa3gen"]["tflops"] / case["matmul_tflops"]
+    assert "Ceiling: bf16 matmul 64³ = " in text and "; beside the cases (fa3gen/matmul) median " in text
+
+
 # --- running one compiled kernel (a custom spec) ---------------------------------------------
 
 class _FakeKernel:
