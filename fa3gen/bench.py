@@ -201,11 +201,13 @@ class MatmulCeiling:
     def tflops(self, ms: float) -> float:
         return 2 * self.n**3 / (ms * 1e-3) / 1e12
 
+    def tflops_alone(self, warmup: int, reps: int, min_rep_ms: float) -> float:
+        return self.tflops(time_cuda_ms(self, warmup, reps, min_rep_ms))
+
 
 def matmul_bf16_tflops(device, warmup: int, reps: int, min_rep_ms: float, n: int = 8192) -> float:
     """TFLOP/s of a bf16 n³ torch.matmul on `device`, timed alone."""
-    ceiling = MatmulCeiling(device, n)
-    return ceiling.tflops(time_cuda_ms(ceiling, warmup, reps, min_rep_ms))
+    return MatmulCeiling(device, n).tflops_alone(warmup, reps, min_rep_ms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_matmul:
         ceiling = MatmulCeiling(dev, args.matmul_n)
         result["matmul_n"] = ceiling.n
-        result["matmul_bf16_8192_tflops"] = ceiling.tflops(time_cuda_ms(ceiling, args.warmup, args.reps, args.min_rep_ms))
+        result["matmul_bf16_8192_tflops"] = ceiling.tflops_alone(args.warmup, args.reps, args.min_rep_ms)
         print(f"ceiling: bf16 matmul {ceiling.n}^3 = {result['matmul_bf16_8192_tflops']:.1f} TFLOP/s alone; "
               "each case times it again beside its implementations (fa3gen/matmul uses that)", flush=True)
 
@@ -508,7 +510,6 @@ def main(argv: list[str] | None = None) -> int:
             entry, row = _run_case(args, dev, dtype, d, s, b, h, causal, pass_, ceiling)
             rows.append(row)
             result["cases"].append(entry)
-    del ceiling
 
     header = [
         f"{'+'.join(args.passes)}, {args.dtype}, TFLOP/s ({gpu}, torch {torch.__version__}); median of {args.reps} reps",
