@@ -35,8 +35,10 @@ REGISTRY: dict[str, KernelSpec] = {
     for causal in (False, True)
 }
 
-# Forward tiles by query length, per (head_dim, causal): (limit, the spec fields that differ from
-# the default for seqlen_q <= limit, those for seqlen_q > limit); empty fields: the default spec.
+# Forward tiles by query length, per (head_dim, causal): buckets in order of length, each (name, the
+# longest seqlen_q it takes or None for any, the spec fields that differ from the default); a
+# length past the last bucket's takes the default spec. Each bucket is a registry kernel of its own.
+SeqlenTiers = tuple[tuple[str, int | None, dict[str, Any]], ...]
 # Measured on the H200 (2026-11-30, bf16, 16k tokens, interleaved timing, same process):
 # - hdim 64, causal: the default 192-row tiles waste most of the diagonal's blocks; 128 rows:
 #   s512 168 -> 197 TFLOP/s, s1k 218 -> 259 (s2k 321 -> 309). (Not causal, 128 rows paid at s512
@@ -88,12 +90,24 @@ REGISTRY: dict[str, KernelSpec] = {
 #   472.1 -> 472.4. Past 2k within -1.3% to +0.8% (2026-12-05), so the long bucket keeps two.
 #   (Three stages on top lost 2-3% at every length; 128-row pingpong tiles with three Q buffers
 #   lost 3-12%.)
-SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
-    (64, False): (2048, {"q_buffers": 3}, {}),
-    (64, True): (2048, {"stages": 3}, {}),
-    (128, False): (1024, {"q_registers": True}, {"block_m": 192}),
-    (256, False): (512, {"block_n": 64}, {}),
-    (256, True): (1024, {"block_n": 64}, {}),
+# - hdim 64 causal up to 1k: 256-row tiles on four consumer warpgroups (64-key blocks, three
+#   stages, 112 registers each, trimmed per warpgroup): 1024 queries are four whole tiles, where
+#   192 rows leave a third-full last tile whose two idle warpgroups leave the tensor cores to one.
+#   H100 (2026-12-06, `scripts/compare_specs.py`, four processes, TFLOP/s, the registry's three
+#   stages on 192 rows -> 256 rows): bf16 s512 269.3 -> 277.9, 267.0 -> 277.9, 264.1 -> 276.9,
+#   264.1 -> 277.0; s1k 338.8 -> 356.5, 330.2 -> 348.0, 330.3 -> 347.0, 328.1 -> 346.4; fp16 s512
+#   259.4 -> 271.8, 262.8 -> 276.5, s1k 319.7 -> 335.4, 325.6 -> 341.9. From 2k they lose (64-key
+#   blocks: 11 instructions a score in the key-block loop against 9 on 128 keys; s2k 415.9 ->
+#   391.3, s4k 445.7 -> 421.1), so s2k keeps three stages on 192 rows ("mid"). Four stages or
+#   three Q buffers on top: within -2% to +2%. Not causal they tied three Q buffers on 192 rows
+#   (s512 +0.5% to +2.6%, s1k -1.1% to +1.9%, over four processes), which stay.
+_FOUR_WARPGROUPS_64 = {"block_m": 256, "block_n": 64, "stages": 3}
+SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
+    (64, False): (("short", 2048, {"q_buffers": 3}),),
+    (64, True): (("short", 1024, _FOUR_WARPGROUPS_64), ("mid", 2048, {"stages": 3})),
+    (128, False): (("short", 1024, {"q_registers": True}), ("long", None, {"block_m": 192})),
+    (256, False): (("short", 512, {"block_n": 64}),),
+    (256, True): (("short", 1024, {"block_n": 64}),),
 }
 
 
@@ -101,13 +115,12 @@ def _bucket_name(head_dim: int, dtype: str, causal: bool, bucket: str) -> str:
     return f"{_registry_name(head_dim, dtype, causal)}_{bucket}"
 
 
-def _bucket_specs(tiles: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]],
-                  dtypes: tuple[str, ...]) -> dict[str, KernelSpec]:
-    """The registry entries of a table of tiles by query length (each bucket with fields of its own)."""
+def _bucket_specs(tiles: dict[tuple[int, bool], SeqlenTiers], dtypes: tuple[str, ...]) -> dict[str, KernelSpec]:
+    """The registry entries of a table of tiles by query length (one per bucket and dtype)."""
     return {
         _bucket_name(d, dtype, causal, bucket): KernelSpec(head_dim=d, dtype=dtype, causal=causal, **fields)
-        for (d, causal), (_, short, long) in tiles.items()
-        for bucket, fields in (("short", short), ("long", long)) if fields
+        for (d, causal), tiers in tiles.items()
+        for bucket, _, fields in tiers
         for dtype in dtypes
     }
 
@@ -116,19 +129,23 @@ REGISTRY.update(_bucket_specs(SEQLEN_TILES, ("bf16", "fp16")))
 
 
 def seqlen_bucket(head_dim: int, causal: bool, seqlen_q: int | str | None) -> str | None:
-    """"short" or "long" when the registry has tiles of their own for this query length
+    """The bucket ("short", "mid", "long") whose tiles the registry has for this query length
     (SEQLEN_TILES), else None: the default spec. A bucket name (what kernel keys carry) is
     returned as it is."""
     return _bucket_of(SEQLEN_TILES.get((head_dim, causal)), seqlen_q)
 
 
-def _bucket_of(entry: tuple[int, dict[str, Any], dict[str, Any]] | None, seqlen_q: int | str | None) -> str | None:
+def _bucket_of(tiers: SeqlenTiers | None, seqlen_q: int | str | None) -> str | None:
     if isinstance(seqlen_q, str):
         return seqlen_q
-    if entry is None or seqlen_q is None:
+    if tiers is None or seqlen_q is None:
         return None
-    bucket, fields = ("short", entry[1]) if seqlen_q <= entry[0] else ("long", entry[2])
-    return bucket if fields else None
+    return next((name for name, limit, _ in tiers if limit is None or seqlen_q <= limit), None)
+
+
+def _bucket_fields(tiers: SeqlenTiers | None, bucket: str | None) -> dict[str, Any]:
+    """The spec fields of a bucket of a table of tiles by query length ({} for none: the default)."""
+    return next((fields for name, _, fields in tiers or () if name == bucket), {})
 
 
 # FP8 forward kernels (e4m3 in, bf16 out) of the head dims the FA3 paper measures.
@@ -162,11 +179,12 @@ REGISTRY.update({
 # (Earlier: the 192 x 128 overlap kernel took hdim 64 from the pingpong kernel at every length,
 # s512 323.6 -> 392.4, s16k 505.8 -> 592.4, causal s16k 464.8 -> 531.0.)
 _FP8_TILES_192 = {"block_m": 192, "block_n": 128}
-FP8_SEQLEN_TILES: dict[tuple[int, bool], tuple[int, dict[str, Any], dict[str, Any]]] = {
-    (64, False): (512, _FP8_TILES_192, {**_FP8_TILES_192, "intra_wg_overlap": False}),
-    (64, True): (2048, {**_FP8_TILES_192, "warpgroup_key_trim": True, "stages": 3}, _FP8_TILES_192),
-    (128, False): (0, {}, _FP8_TILES_192),
-    (128, True): (4096, {**_FP8_TILES_192, "warpgroup_key_trim": True}, {}),
+FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
+    (64, False): (("short", 512, _FP8_TILES_192), ("long", None, {**_FP8_TILES_192, "intra_wg_overlap": False})),
+    (64, True): (("short", 2048, {**_FP8_TILES_192, "warpgroup_key_trim": True, "stages": 3}),
+                 ("long", None, _FP8_TILES_192)),
+    (128, False): (("long", None, _FP8_TILES_192),),
+    (128, True): (("short", 4096, {**_FP8_TILES_192, "warpgroup_key_trim": True}),),
 }
 
 REGISTRY.update(_bucket_specs(FP8_SEQLEN_TILES, ("e4m3",)))
@@ -192,8 +210,8 @@ def fp8_key_block_sizes(head_dim: int) -> tuple[int, ...]:
     the K/V scale blocks that every one of them takes are multiples of all of them."""
     from .spec import FP8_TILES
 
-    sizes = {FP8_TILES[head_dim][1]} | {fields["block_n"] for (d, _), (_, short, long) in FP8_SEQLEN_TILES.items()
-                                        if d == head_dim for fields in (short, long) if "block_n" in fields}
+    sizes = {FP8_TILES[head_dim][1]} | {fields["block_n"] for (d, _), tiers in FP8_SEQLEN_TILES.items()
+                                        if d == head_dim for _, _, fields in tiers if "block_n" in fields}
     return tuple(sorted(sizes))
 
 
@@ -260,7 +278,7 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
     defaults (with the built-in variants, masks and bias asked for; bias_dtype: attn_bias's element
     type, "float32", "bfloat16" or "float16"; bias_rows_aligned: its rows start on 16-byte
     boundaries, so the bias may be staged in shared memory, BIAS_STAGING_ELEMENT_BYTES). seqlen_q (a
-    length, or the bucket "short" or "long" of seqlen_bucket) picks the registry's tiles for that
+    length, or a bucket's name from seqlen_bucket) picks the registry's tiles for that
     query length (SEQLEN_TILES)."""
     canonical = _canonical_problem(head_dim, head_dim_v, dtype)
     if head_dim_v == head_dim and not (window or softcap or alibi or documents or prefix_lm or bias):
@@ -295,8 +313,7 @@ def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: boo
     if out is None:
         raise ValueError(f"out_dtype={out_dtype!r} is not supported: use 'bf16' or 'fp16'")
     bucket = fp8_seqlen_bucket(head_dim, head_dim_v, causal, window, v_transpose_in_kernel, seqlen_q)
-    entry = FP8_SEQLEN_TILES.get((head_dim, bool(causal)))
-    tiles = {} if bucket is None or entry is None else entry[1 if bucket == "short" else 2]
+    tiles = _bucket_fields(FP8_SEQLEN_TILES.get((head_dim, bool(causal))), bucket)
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
                       window=bool(window), v_transpose_in_kernel=bool(v_transpose_in_kernel),
                       **tiles, **({} if power_of_two_v_scales else {"lazy_rescale": False}))

@@ -28,10 +28,12 @@ THREADS_PER_WARPGROUP = 128
 # The producer spilled at 24 (barrier-retry path, d256 causal) and, with the lpt scheduler's
 # tile claims and hand-off, at 32 for head dims 96/192/256 (several TMA boxes per load): it gets
 # 40 with two consumer warpgroups (128*40 + 256*232 = the 64512 the launch allocates). Three
-# consumer warpgroups leave no room above 32 (128*32 + 384*160 = 65536). One consumer warpgroup is
-# not offered: its launch-time register count is not capped low enough for the split to be sure
-# to be an increase for the consumers, and it was never run on the GPU.
-REGISTER_SPLIT = {2: (40, 232), 3: (32, 160)}
+# consumer warpgroups leave no room above 32 (128*32 + 384*160 = 65536). Four (256-row tiles, for
+# hdim 64 on 64-key blocks) launch at 96 a thread: 128*32 + 512*112 = 640*96 (24 spilled in the lpt
+# producer). One consumer warpgroup is not offered: its launch-time register count is not capped
+# low enough for the split to be sure to be an increase for the consumers, and it was never run on
+# the GPU.
+REGISTER_SPLIT = {2: (40, 232), 3: (32, 160), 4: (32, 112)}
 # The backward's producer warpgroup runs the loads and the dQ writer warp; its two consumer
 # warpgroups hold dK and dV accumulators for the whole CTA and get the rest of what the launch
 # allocates (168 per thread x 384 = 64512): setmaxnreg only moves registers inside that pool, and
@@ -903,7 +905,7 @@ class KernelSpec(BaseModel):
     def _consumer_warpgroups_in_range(cls, v: int | None, info: ValidationInfo) -> int | None:
         if v is not None and v not in REGISTER_SPLIT:
             raise ValueError(
-                f"num_consumer_warpgroups={v} must be 2 or 3 (block_m 128 or 192); "
+                f"num_consumer_warpgroups={v} must be 2, 3 or 4 (block_m 128, 192 or 256); "
                 "one consumer warpgroup is not supported yet"
             )
         return v

@@ -310,8 +310,8 @@ def test_registry_holds_the_bwd_specs():
     fwd = [name for name, spec in REGISTRY.items() if spec.kind == "fwd"]
     # 16-bit, 6 e4m3, and the query-length tiles of registry.SEQLEN_TILES (each bucket with fields
     # of its own, bf16 and fp16) and of FP8_SEQLEN_TILES
-    buckets = sum(bool(fields) for _, short, long in registry.SEQLEN_TILES.values() for fields in (short, long))
-    fp8_buckets = sum(bool(fields) for _, short, long in registry.FP8_SEQLEN_TILES.values() for fields in (short, long))
+    buckets = sum(len(tiers) for tiers in registry.SEQLEN_TILES.values())
+    fp8_buckets = sum(len(tiers) for tiers in registry.FP8_SEQLEN_TILES.values())
     assert len(fwd) == 20 + 6 + 2 * buckets + fp8_buckets and all(name.startswith("fwd_") for name in fwd)
     assert REGISTRY[registry.REPRESENTATIVE].kind == "fwd"
 

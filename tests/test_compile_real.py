@@ -37,6 +37,9 @@ SPECS = {
     # Three Q buffers: the next tile's Q a tile ahead with Q in shared memory (hdim 64, three
     # consumer warpgroups at 160 registers, the producer at 32 beside the next tile's coordinates).
     "d64_three_q_buffers": KernelSpec(head_dim=64, q_buffers=3),
+    # Four consumer warpgroups (256 x 64 tiles at hdim 64, 112 registers each beside a producer
+    # at 32 running the lpt schedule): the registry's causal tiles up to 1k queries.
+    "fwd_d64_bf16_causal_short": REGISTRY["fwd_d64_bf16_causal_short"],
     # Variants: built-in window + softcap on the causal lpt kernel, and a custom score_mod over tensors.
     "d128_causal_window_softcap": KernelSpec(head_dim=128, causal=True, window=True, softcap=True),
     "d128_custom_relative_bias": KernelSpec(
@@ -167,6 +170,19 @@ def _sass(build: BuildResult) -> str:
     if tool is None:
         pytest.skip("cuobjdump not found (CUDA toolkit or the nvidia-cuda-cuobjdump wheel): SASS not checked")
     return dump_sass(build.entry.library, tool)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kind == "fwd"])
+def test_sass_register_split(builds: dict[str, BuildResult], name: str) -> None:
+    """setmaxnreg moves the launch's registers from the producer warpgroup to the consumers by the
+    spec's split (REGISTER_SPLIT and the fp8 ones): a request beyond the launch's pool would block."""
+    spec, sass = SPECS[name], _sass(builds[name])
+    producer, consumer = spec.register_split
+    pool = ptxas_report(builds[name])[0].registers * spec.num_threads  # what the launch allocates
+    assert producer * 128 + consumer * 128 * spec.num_consumer_warpgroups <= pool
+    dealloc = {int(x, 16) for x in re.findall(r"USETMAXREG\.DEALLOC\.CTAPOOL\s+(0x[0-9a-f]+)", sass)}
+    alloc = {int(x, 16) for x in re.findall(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL\s+\w+,\s*(0x[0-9a-f]+)", sass)}
+    assert (dealloc, alloc) == ({producer}, {consumer}), (dealloc, alloc)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].pin_pv_wait == 2])

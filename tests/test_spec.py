@@ -35,7 +35,7 @@ def test_defaults_filled() -> None:
     [
         ({"head_dim": 256, "block_n": 128, "stages": 2}, rf"shared memory .* exceeds the {SMEM_BUDGET_BYTES} B budget"),
         ({"head_dim": 128, "block_m": 128, "num_consumer_warpgroups": 3}, r"block_m=128 must equal 64 \* num_consumer_warpgroups"),
-        ({"head_dim": 128, "block_m": 64}, r"num_consumer_warpgroups=1 must be 2 or 3"),
+        ({"head_dim": 128, "block_m": 64}, r"num_consumer_warpgroups=1 must be 2, 3 or 4"),
         ({"head_dim": 128, "block_n": 120}, r"block_n=120 must be a multiple of 16"),
         ({"head_dim": 128, "block_n": 272}, r"block_n=272 .*\[16, 256\]"),
         ({"head_dim": 80}, r"head_dim"),
@@ -44,7 +44,8 @@ def test_defaults_filled() -> None:
         ({"head_dim": 128, "stages": 0}, r"stages=0 must be between 1 and 4"),
         ({"head_dim": 128, "stages": 5}, r"stages=5 must be between 1 and 4"),
         ({"head_dim": 64, "pingpong": True}, r"pingpong needs num_consumer_warpgroups=2"),
-        ({"head_dim": 128, "num_consumer_warpgroups": 4}, r"num_consumer_warpgroups=4 must be 2 or 3"),
+        ({"head_dim": 128, "num_consumer_warpgroups": 5}, r"num_consumer_warpgroups=5 must be 2, 3 or 4"),
+        ({"head_dim": 128, "num_consumer_warpgroups": 4}, r"4 consumer warpgroups get 112: lower block_n"),
         ({"head_dim": 256, "num_consumer_warpgroups": 3, "stages": 1}, r"registers per thread .* get 160"),
         ({"head_dim": 128, "tile_magic": 3}, r"tile_magic\s+Extra inputs are not permitted"),
     ],

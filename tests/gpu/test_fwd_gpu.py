@@ -209,20 +209,19 @@ def test_fwd_large_many_tiles(dt, causal):
 
 @pytest.mark.parametrize("d, causal", sorted(__import__("fa3gen").registry.SEQLEN_TILES))
 def test_fwd_short_and_long_queries_pick_their_tiles(d, causal):
-    """Query lengths at and past a registry limit (SEQLEN_TILES) run the tiles of their bucket,
-    through flash_attn_func; both against float64, with several tiles per CTA."""
+    """Query lengths at and past each registry limit (SEQLEN_TILES) run the tiles of their bucket,
+    through flash_attn_func; all against float64, with several tiles per CTA."""
     import fa3gen
-    from fa3gen.registry import SEQLEN_TILES
+    from fa3gen.registry import SEQLEN_TILES, _bucket_fields
 
-    limit = SEQLEN_TILES[(d, causal)][0]
+    tiers = SEQLEN_TILES[(d, causal)]
     gen = torch.Generator(device="cuda").manual_seed(9)
-    for sq in (limit, limit + 1):
+    for sq in sorted({n for _, limit, _ in tiers if limit is not None for n in (limit, limit + 1)}):
+        bucket = fa3gen.registry.seqlen_bucket(d, causal, sq)
         spec = fa3gen.default_spec(d, d, "bf16", causal, seqlen_q=sq)
-        fields = SEQLEN_TILES[(d, causal)][1 if sq <= limit else 2]
-        assert all(getattr(spec, f) == value for f, value in fields.items())
+        assert all(getattr(spec, f) == value for f, value in _bucket_fields(tiers, bucket).items())
         q, k, v = make_inputs(8, sq, 1500, 2048 // d, 4, d, d, torch.bfloat16, "contiguous", gen)
         check_against_reference(q, k, v, 1 / math.sqrt(d), causal, "bf16")
-        bucket = fa3gen.registry.seqlen_bucket(d, causal, sq)
         assert ops._KERNELS[(d, d, "bf16", causal, False, False, False, bucket)].spec == spec
 
 

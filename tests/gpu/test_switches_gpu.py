@@ -3,7 +3,7 @@
 The registry kernels (tests in test_fwd_gpu.py) use the default switches; these run the others
 (pingpong, no overlap, one CTA per tile, the static persistent order for causal, lpt when not
 causal, O stored from registers at hdim 128, O staged in the V buffer, a plain launch, three Q
-buffers) on ragged, GQA, sq != sk shapes into NaN-poisoned outputs.
+buffers, four consumer warpgroups) on ragged, GQA, sq != sk shapes into NaN-poisoned outputs.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ SPECS = [
     fa3gen.KernelSpec(head_dim=64, q_buffers=3),
     fa3gen.KernelSpec(head_dim=64, causal=True, q_buffers=3, stages=3, warpgroup_key_trim=True, narrow_edge_block=True),
     fa3gen.KernelSpec(head_dim=96, causal=True, q_buffers=3, dtype="fp16"),
+    # Four consumer warpgroups (256-row tiles, hdim 64 on 64-key blocks; the registry's up to 1k
+    # use three stages): three Q buffers, causal untrimmed on the grid schedule, fp16 trimmed.
+    fa3gen.KernelSpec(head_dim=64, block_m=256, block_n=64, q_buffers=3),
+    fa3gen.KernelSpec(head_dim=64, causal=True, block_m=256, block_n=64, warpgroup_key_trim=False, scheduler="grid"),
+    fa3gen.KernelSpec(head_dim=64, causal=True, block_m=256, block_n=64, stages=4, dtype="fp16"),
 ]
 CUSTOM_SPEC = fa3gen.KernelSpec(head_dim=128, causal=True, block_n=112)  # outside the registry
 # The last shapes have ~8 and ~16 tiles per CTA: Q buffers wrap around, and tiles chain into each

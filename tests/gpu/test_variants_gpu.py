@@ -112,11 +112,13 @@ def test_sliding_window_serial_mainloop(window):
 
 # Each warpgroup's own right edge under a window: key trimming not causal (the window's right side
 # bounds the keys) and causal with pingpong on 64-key blocks (each warpgroup's own last block and
-# mask test), and the narrow edge block (the first key block's half, where the edge falls in it).
+# mask test), the narrow edge block (the first key block's half, where the edge falls in it), and
+# four consumer warpgroups (hdim 64, 256 rows) trimmed causal.
 WARPGROUP_EDGE_WINDOW_SPECS = [
     fa3gen.KernelSpec(head_dim=128, window=True, block_n=64, warpgroup_key_trim=True),
     fa3gen.KernelSpec(head_dim=128, window=True, causal=True, block_n=64, pingpong=True, warpgroup_key_trim=True),
     fa3gen.KernelSpec(head_dim=128, window=True, narrow_edge_block=True),
+    fa3gen.KernelSpec(head_dim=64, window=True, causal=True, block_m=256, block_n=64, warpgroup_key_trim=True),
 ]
 
 
@@ -125,7 +127,7 @@ WARPGROUP_EDGE_WINDOW_SPECS = [
 def test_sliding_window_warpgroup_edges(spec, window):
     kernel = fa3gen.compile(spec)
     for i, (b, sq, sk, hq, hkv) in enumerate(SHAPES):
-        q, k, v = inputs(b, sq, sk, hq, hkv, 128, torch.bfloat16, seed=40 + i)
+        q, k, v = inputs(b, sq, sk, hq, hkv, spec.head_dim, torch.bfloat16, seed=40 + i)
         check(q, k, v, spec.causal, kernel, VariantArgs(window), TOLERANCE["bf16"], window_size=window)
 
 
