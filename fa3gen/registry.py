@@ -100,7 +100,7 @@ SeqlenTiers = tuple[tuple[str, int | None, dict[str, Any]], ...]
 #   blocks: 11 instructions a score in the key-block loop against 9 on 128 keys; s2k 415.9 ->
 #   391.3, s4k 445.7 -> 421.1), so s2k keeps three stages on 192 rows ("mid"). Four stages or
 #   three Q buffers on top: within -2% to +2%. Not causal they tied three Q buffers on 192 rows
-#   (s512 +0.5% to +2.6%, s1k -1.1% to +1.9%, over four processes), which stay.
+#   (s512 +0.4% to +2.7%, s1k -1.1% to +1.9%, over four processes), which stay.
 _FOUR_WARPGROUPS_64 = {"block_m": 256, "block_n": 64, "stages": 3}
 SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
     (64, False): (("short", 2048, {"q_buffers": 3}),),
