@@ -99,11 +99,18 @@ SeqlenTiers = tuple[tuple[str, int | None, dict[str, Any]], ...]
 #   259.4 -> 271.8, 262.8 -> 276.5, s1k 319.7 -> 335.4, 325.6 -> 341.9. From 2k they lose (64-key
 #   blocks: 11 instructions a score in the key-block loop against 9 on 128 keys; s2k 415.9 ->
 #   391.3, s4k 445.7 -> 421.1), so s2k keeps three stages on 192 rows ("mid"). Four stages or
-#   three Q buffers on top: within -2% to +2%. Not causal they tied three Q buffers on 192 rows
-#   (s512 +0.4% to +2.7%, s1k -1.1% to +1.9%, over four processes), which stay.
+#   three Q buffers on top: within -2% to +2%.
+# - hdim 64 not causal up to 1k: the same tiles with the producer at 24 registers
+#   (producer_registers; at REGISTER_SPLIT's 32 they tied three Q buffers on 192 rows, s512 +0.4%
+#   to +2.7%, s1k -1.1% to +1.9% over four processes). H100 (2026-12-06, three processes per
+#   dtype, TFLOP/s, three Q buffers on 192 rows / producer at 32 / at 24): bf16 s512 405.6 / 406.2
+#   / 415.8, 417.2 / 418.0 / 428.0, 416.8 / 417.9 / 427.1; s1k 441.7 / 435.3 / 447.5, 450.3 /
+#   445.7 / 457.1, 446.0 / 441.2 / 452.5; fp16 s512 392.1 / 393.7 / 402.3, 394.6 / 397.4 / 405.0,
+#   390.7 / 393.2 / 402.1; s1k 425.6 / 420.6 / 433.8, 428.9 / 426.0 / 438.2, 431.7 / 426.7 /
+#   437.9. At 2k three Q buffers on 192 rows keep their lead (504.1 vs 463.5): "mid".
 _FOUR_WARPGROUPS_64 = {"block_m": 256, "block_n": 64, "stages": 3}
 SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
-    (64, False): (("short", 2048, {"q_buffers": 3}),),
+    (64, False): (("short", 1024, {**_FOUR_WARPGROUPS_64, "producer_registers": 24}), ("mid", 2048, {"q_buffers": 3})),
     (64, True): (("short", 1024, _FOUR_WARPGROUPS_64), ("mid", 2048, {"stages": 3})),
     (128, False): (("short", 1024, {"q_registers": True}), ("long", None, {"block_m": 192})),
     (256, False): (("short", 512, {"block_n": 64}),),

@@ -34,6 +34,9 @@ THREADS_PER_WARPGROUP = 128
 # low enough for the split to be sure to be an increase for the consumers, and it was never run on
 # the GPU.
 REGISTER_SPLIT = {2: (40, 232), 3: (32, 160), 4: (32, 112)}
+# Forward producer registers a spec may ask for (producer_registers) in place of REGISTER_SPLIT's,
+# by consumer warpgroups: with four, 24 leaves the consumers their 112 as well.
+FWD_PRODUCER_REGISTERS = {4: (24, 32)}
 # The backward's producer warpgroup runs the loads and the dQ writer warp; its two consumer
 # warpgroups hold dK and dV accumulators for the whole CTA and get the rest of what the launch
 # allocates (168 per thread x 384 = 64512): setmaxnreg only moves registers inside that pool, and
@@ -719,7 +722,8 @@ class KernelSpec(BaseModel):
     # Backward: registers per thread of the producer warpgroup (its load thread and dQ writer warp),
     # out of BWD_PRODUCER_REGISTERS; the consumer warpgroups get the rest (40 -> 232, 24 -> 240).
     # None: 24 where each step's dQ runs in one warpgroup at the step's end at hdim 128
-    # (BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS), else 40. Forward specs leave it unset.
+    # (BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS), else 40. Forward: unset (REGISTER_SPLIT), or
+    # with four consumer warpgroups one of FWD_PRODUCER_REGISTERS[4].
     producer_registers: int | None = None
     # Backward with persistent CTAs (scheduler "lpt"): the producer prefetches the key block it
     # claims next into L2 (K and V), while the consumers run the current one's last steps, so
@@ -1214,9 +1218,14 @@ class KernelSpec(BaseModel):
         if self.causal_group is not None:
             raise ValueError("causal_group applies to backward kernels (kind='bwd'); the forward's lpt scheduler "
                              "orders its tiles by itself")
-        for name in ("kv_registers", "dq_deferred", "dq_single_warpgroup", "producer_registers", "kv_prefetch"):
+        for name in ("kv_registers", "dq_deferred", "dq_single_warpgroup", "kv_prefetch"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to backward kernels (kind='bwd'); leave it unset for the forward")
+        allowed = FWD_PRODUCER_REGISTERS.get(self.num_consumer_warpgroups or 0, ())
+        if self.producer_registers is not None and (self.is_fp8 or self.producer_registers not in allowed):
+            raise ValueError(f"producer_registers={self.producer_registers}: a 16-bit forward spec may set it only with "
+                             f"four consumer warpgroups, to one of {FWD_PRODUCER_REGISTERS[4]} "
+                             "(else leave it unset: REGISTER_SPLIT)")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None
         assert self.stages is not None and self.num_consumer_warpgroups is not None
@@ -1461,7 +1470,7 @@ class KernelSpec(BaseModel):
     @property
     def register_split(self) -> tuple[int, int]:
         assert self.num_consumer_warpgroups
-        if self.kind == "bwd":
+        if self.kind == "bwd" or self.producer_registers is not None:
             assert self.producer_registers is not None
             rest = self.register_pool - THREADS_PER_WARPGROUP * self.producer_registers
             return self.producer_registers, rest // (THREADS_PER_WARPGROUP * self.num_consumer_warpgroups) // 8 * 8
@@ -1494,6 +1503,7 @@ class KernelSpec(BaseModel):
         sched += "_kvfs" if self.kv_factors_in_smem else ""
         sched += "_bsp" if self.block_sparse else ""
         sched += "_mc2" if self.kv_multicast else ""
+        sched += f"_p{self.producer_registers}" if self.kind == "fwd" and self.producer_registers is not None else ""
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""

@@ -37,9 +37,11 @@ SPECS = {
     # Three Q buffers: the next tile's Q a tile ahead with Q in shared memory (hdim 64, three
     # consumer warpgroups at 160 registers, the producer at 32 beside the next tile's coordinates).
     "d64_three_q_buffers": KernelSpec(head_dim=64, q_buffers=3),
-    # Four consumer warpgroups (256 x 64 tiles at hdim 64, 112 registers each beside a producer
-    # at 32 running the lpt schedule): the registry's causal tiles up to 1k queries.
+    # Four consumer warpgroups (256 x 64 tiles at hdim 64, 112 registers each): the registry's
+    # tiles up to 1k queries, causal with the producer at 32 running the lpt schedule, not causal
+    # at 24 (producer_registers).
     "fwd_d64_bf16_causal_short": REGISTRY["fwd_d64_bf16_causal_short"],
+    "fwd_d64_bf16_short": REGISTRY["fwd_d64_bf16_short"],
     # Variants: built-in window + softcap on the causal lpt kernel, and a custom score_mod over tensors.
     "d128_causal_window_softcap": KernelSpec(head_dim=128, causal=True, window=True, softcap=True),
     "d128_custom_relative_bias": KernelSpec(

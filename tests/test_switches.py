@@ -143,7 +143,7 @@ def test_q_loads_a_tile_ahead_with_q_in_registers():
         if spec.kind == "fwd":
             assert "load_q_of_tile" not in render(spec)
     assert sorted(n for n, s in registry.REGISTRY.items() if s.loads_q_a_tile_ahead) == [
-        "fwd_d128_bf16_short", "fwd_d128_fp16_short", "fwd_d64_bf16_short", "fwd_d64_fp16_short"]
+        "fwd_d128_bf16_short", "fwd_d128_fp16_short", "fwd_d64_bf16_mid", "fwd_d64_fp16_mid"]
 
 
 def test_q_loads_a_tile_ahead_with_three_q_buffers():
@@ -606,3 +606,18 @@ def test_three_warpgroups_from_hdim_128_default_to_no_overlap():
     assert (long.block_m, long.num_consumer_warpgroups, long.intra_wg_overlap) == (192, 3, False)
     short = registry.default_spec(128, 128, "bf16", False, seqlen_q=1024)
     assert (short.block_m, short.intra_wg_overlap, short.q_registers) == (128, True, True)
+
+
+def test_four_consumer_warpgroups_split_the_launch_registers():
+    """256-row tiles (hdim 64, 64-key blocks) launch 640 threads at 96 registers: setmaxnreg gives
+    the four consumer warpgroups 112 each and the producer 32 (REGISTER_SPLIT), or 24 when the
+    spec asks (producer_registers); either fits the launch's pool, and the kernel says so."""
+    default = KernelSpec(head_dim=64, block_m=256, block_n=64, stages=3)
+    low = KernelSpec(head_dim=64, block_m=256, block_n=64, stages=3, producer_registers=24)
+    assert default.num_consumer_warpgroups == 4 and default.num_threads == 640 and default.register_pool == 96 * 640
+    for spec, producer in ((default, 32), (low, 24)):
+        assert spec.register_split == (producer, 112)
+        assert producer * 128 + 4 * 112 * 128 <= spec.register_pool
+        src = render(spec)
+        assert f"constexpr int kProducerRegisters = {producer};" in src and "constexpr int kConsumerRegisters = 112;" in src
+    assert low.name == default.name + "_p24" and default.producer_registers is None
