@@ -35,8 +35,13 @@ THREADS_PER_WARPGROUP = 128
 # the GPU.
 REGISTER_SPLIT = {2: (40, 232), 3: (32, 160), 4: (32, 112)}
 # Forward producer registers a spec may ask for (producer_registers) in place of REGISTER_SPLIT's,
-# by consumer warpgroups: with four, 24 leaves the consumers their 112 as well.
-FWD_PRODUCER_REGISTERS = {4: (24, 32)}
+# by consumer warpgroups: with three or four, 24 leaves the consumers their 160 or 112 as well.
+# H100 (2026-12-06, one process each, TFLOP/s, 32 -> 24): hdim 64 not causal on four warpgroups
+# s512 406.2 -> 415.8, s1k 435.3 -> 447.5 (2.3-2.9% in all 12 pairs, bf16 and fp16: the
+# registry's); causal on four -1.4% at s512, +0.3% at s1k (the lpt producer spills 100 B at 24);
+# three warpgroups within 0.5% (hdim 64 192 x 128, hdim 128 192 x 128 bf16) and e4m3 hdim 128
+# 192 x 128 -1% to -2.5%.
+FWD_PRODUCER_REGISTERS = {3: (24, 32), 4: (24, 32)}
 # The backward's producer warpgroup runs the loads and the dQ writer warp; its two consumer
 # warpgroups hold dK and dV accumulators for the whole CTA and get the rest of what the launch
 # allocates (168 per thread x 384 = 64512): setmaxnreg only moves registers inside that pool, and
@@ -1222,9 +1227,9 @@ class KernelSpec(BaseModel):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to backward kernels (kind='bwd'); leave it unset for the forward")
         allowed = FWD_PRODUCER_REGISTERS.get(self.num_consumer_warpgroups or 0, ())
-        if self.producer_registers is not None and (self.is_fp8 or self.producer_registers not in allowed):
-            raise ValueError(f"producer_registers={self.producer_registers}: a 16-bit forward spec may set it only with "
-                             f"four consumer warpgroups, to one of {FWD_PRODUCER_REGISTERS[4]} "
+        if self.producer_registers is not None and self.producer_registers not in allowed:
+            raise ValueError(f"producer_registers={self.producer_registers}: a forward spec may set it only with three "
+                             f"or four consumer warpgroups, to one of {FWD_PRODUCER_REGISTERS[4]} "
                              "(else leave it unset: REGISTER_SPLIT)")
         bm, bn, d, dv = self.block_m, self.block_n, self.head_dim, self.head_dim_v
         assert bm is not None and bn is not None and dv is not None

@@ -196,7 +196,7 @@ def test_producer_registers_sets_the_backward_register_split():
     assert "constexpr int kConsumerRegisters = 232;" in fa3gen.render(flipped)
     with pytest.raises(ValidationError, match=r"producer_registers=32 must be one of \(24, 40\)"):
         KernelSpec(kind="bwd", head_dim=128, producer_registers=32)
-    with pytest.raises(ValidationError, match=r"producer_registers=24: a 16-bit forward spec may set it only with four consumer warpgroups"):
+    with pytest.raises(ValidationError, match=r"producer_registers=24: a forward spec may set it only with three or four consumer warpgroups"):
         KernelSpec(head_dim=128, producer_registers=24)
 
 

@@ -46,7 +46,7 @@ def test_defaults_filled() -> None:
         ({"head_dim": 64, "pingpong": True}, r"pingpong needs num_consumer_warpgroups=2"),
         ({"head_dim": 128, "num_consumer_warpgroups": 5}, r"num_consumer_warpgroups=5 must be 2, 3 or 4"),
         ({"head_dim": 128, "num_consumer_warpgroups": 4}, r"4 consumer warpgroups get 112: lower block_n"),
-        ({"head_dim": 128, "producer_registers": 24}, r"producer_registers=24: a 16-bit forward spec may set it only with four"),
+        ({"head_dim": 128, "producer_registers": 24}, r"producer_registers=24: a forward spec may set it only with three or four"),
         ({"head_dim": 64, "block_m": 256, "block_n": 64, "producer_registers": 40}, r"to one of \(24, 32\)"),
         ({"head_dim": 256, "num_consumer_warpgroups": 3, "stages": 1}, r"registers per thread .* get 160"),
         ({"head_dim": 128, "tile_magic": 3}, r"tile_magic\s+Extra inputs are not permitted"),
