@@ -40,7 +40,9 @@ REGISTER_SPLIT = {2: (40, 232), 3: (32, 160), 4: (32, 112)}
 # s512 406.2 -> 415.8, s1k 435.3 -> 447.5 (2.3-2.9% in all 12 pairs, bf16 and fp16: the
 # registry's); causal on four -1.4% at s512, +0.3% at s1k (the lpt producer spills 100 B at 24);
 # three warpgroups within 0.5% (hdim 64 192 x 128, hdim 128 192 x 128 bf16) and e4m3 hdim 128
-# 192 x 128 -1% to -2.5%.
+# 192 x 128 -1% to -2.5%. Two warpgroups (not offered): 24 (consumers 240) or 32 (232) against 40
+# within 0.6% on hdim 128 128 x 128 pingpong s512-2k and hdim 256 128 x 64 s512; the causal lpt
+# kernel spilled 68 B at 24 and lost 2-4%.
 FWD_PRODUCER_REGISTERS = {3: (24, 32), 4: (24, 32)}
 # The backward's producer warpgroup runs the loads and the dQ writer warp; its two consumer
 # warpgroups hold dK and dV accumulators for the whole CTA and get the rest of what the launch
