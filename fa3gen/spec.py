@@ -37,7 +37,7 @@ REGISTER_SPLIT = {2: (40, 232), 3: (32, 160), 4: (32, 112)}
 # Forward producer registers a spec may ask for (producer_registers) in place of REGISTER_SPLIT's,
 # by consumer warpgroups: with three or four, 24 leaves the consumers their 160 or 112 as well.
 # H100 (2026-12-06, one process each, TFLOP/s, 32 -> 24): hdim 64 not causal on four warpgroups
-# s512 406.2 -> 415.8, s1k 435.3 -> 447.5 (2.3-2.9% in all 12 pairs, bf16 and fp16: the
+# s512 406.2 -> 415.8, s1k 435.3 -> 447.5 (1.9-3.1% in all 12 pairs, bf16 and fp16: the
 # registry's); causal on four -1.4% at s512, +0.3% at s1k (the lpt producer spills 100 B at 24);
 # three warpgroups within 0.5% (hdim 64 192 x 128, hdim 128 192 x 128 bf16) and e4m3 hdim 128
 # 192 x 128 -1% to -2.5%. Two warpgroups (not offered): 24 (consumers 240) or 32 (232) against 40
