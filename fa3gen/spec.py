@@ -730,7 +730,7 @@ class KernelSpec(BaseModel):
     # out of BWD_PRODUCER_REGISTERS; the consumer warpgroups get the rest (40 -> 232, 24 -> 240).
     # None: 24 where each step's dQ runs in one warpgroup at the step's end at hdim 128
     # (BWD_PRODUCER_REGISTERS_DQ_SINGLE_HEAD_DIMS), else 40. Forward: unset (REGISTER_SPLIT), or
-    # with four consumer warpgroups one of FWD_PRODUCER_REGISTERS[4].
+    # with three or four consumer warpgroups one of FWD_PRODUCER_REGISTERS.
     producer_registers: int | None = None
     # Backward with persistent CTAs (scheduler "lpt"): the producer prefetches the key block it
     # claims next into L2 (K and V), while the consumers run the current one's last steps, so
@@ -1510,7 +1510,7 @@ class KernelSpec(BaseModel):
         sched += "_kvfs" if self.kv_factors_in_smem else ""
         sched += "_bsp" if self.block_sparse else ""
         sched += "_mc2" if self.kv_multicast else ""
-        sched += f"_p{self.producer_registers}" if self.kind == "fwd" and self.producer_registers is not None else ""
+        sched += f"_p{self.producer_registers}" if self.producer_registers is not None else ""  # bwd: below
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")
             sched += f"_g{self.causal_group}" if self.causal_group != BWD_CAUSAL_GROUP_DEFAULT else ""
