@@ -33,6 +33,7 @@ CUDA graph once their kernels are compiled (call them once before capturing).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Any, Callable
@@ -40,9 +41,10 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from fa3gen import block_sparsity, launch
+from fa3gen import block_sparsity, launch, registry, split_tail
 from fa3gen.abi import BwdParams, FwdParams
 from fa3gen.registry import seqlen_bucket
+from fa3gen.spec import KernelSpec
 from fa3gen.variant_args import VariantArgs
 
 NO_VARIANT = VariantArgs()
@@ -289,6 +291,31 @@ def _kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, window
     return kern if kern is not None else _compile_memoized(key, "default_spec", key)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _split_twin_for(kernel: Any, q: torch.Tensor, k: torch.Tensor) -> Any:
+    """The registry kernel's split_tail twin where that kernel would leave SMs idle in its last
+    wave and the twin splits it (fa3gen.split_tail.splits: a wave or two of tiles), else the
+    kernel. The twin's grid is every SM."""
+    spec = getattr(kernel, "spec", None)
+    if not isinstance(spec, KernelSpec) or spec.causal or spec.split_tail or registry.split_twin(spec) is None:
+        return kernel
+    batch, seqlen_q, nheads, _ = q.shape
+    tiles = -(-seqlen_q // spec.block_m) * nheads * batch
+    if not split_tail.splits(tiles, -(-k.shape[1] // spec.block_n), _sm_count(q.device)):
+        return kernel
+    key = ("split", spec.content_hash)
+    twin = _KERNELS.get(key)
+    return twin if twin is not None else _compile_memoized(key, "split_twin", (spec,))
+
+
 def _bwd_kernel_for(head_dim: int, head_dim_v: int, dtype: str, causal: bool, deterministic: bool = False,
                     window: bool = False, softcap: bool = False, alibi: bool = False):
     """The compiled backward kernel of the registry's default backward spec (memoized, thread-safe)."""
@@ -409,6 +436,7 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
     if kernel is None:  # the registry kernel for these inputs
         kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), variant.window,
                              variant.softcap > 0, variant.alibi_slopes is not None, q.shape[1])
+        kernel = _split_twin_for(kernel, q, k)
     params = _make_params(q, k, v, out, lse, softmax_scale)
     _run_fwd(kernel, params, variant, q, k, causal)
     return kernel, params

@@ -155,6 +155,18 @@ def _bucket_fields(tiers: SeqlenTiers | None, bucket: str | None) -> dict[str, A
     return next((fields for name, _, fields in tiers or () if name == bucket), {})
 
 
+# Split twins: each not-causal 16-bit forward kernel with split_tail, which the dispatcher takes
+# only for the problems fa3gen.split_tail.splits (a wave or two of tiles: a small batch, few heads,
+# few queries over many keys). The split code costs a kernel 2-5% where it does not split, so the
+# kernels above stay as they are for every other problem.
+SPLIT_TWIN_SUFFIX = "_split"
+REGISTRY.update({
+    name + SPLIT_TWIN_SUFFIX: KernelSpec(**{**spec.model_dump(exclude_unset=True), "split_tail": True})
+    for name, spec in list(REGISTRY.items())
+    if spec.kind == "fwd" and not spec.causal
+})
+
+
 # FP8 forward kernels (e4m3 in, bf16 out) of the head dims the FA3 paper measures.
 REGISTRY.update({
     _registry_name(d, "e4m3", causal): KernelSpec(head_dim=d, dtype="e4m3", causal=causal)
@@ -303,6 +315,12 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
             pass
     # A pydantic ValidationError (a ValueError) names the limit if this combination does not fit.
     return KernelSpec(**fields)
+
+
+def split_twin(spec: KernelSpec) -> KernelSpec | None:
+    """The registry's split twin of a forward spec (SPLIT_TWIN_SUFFIX), None where it has none."""
+    name = registry_name(spec)
+    return REGISTRY.get(name + SPLIT_TWIN_SUFFIX) if name and spec.kind == "fwd" else None  # type: ignore[return-value]
 
 
 def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False,

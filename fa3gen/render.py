@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import abi
+from . import abi, split_tail
 from .prepare_spec import Fp8PrepareSpec
 from .spec import KernelSpec
 
@@ -70,4 +70,4 @@ def spec_from_json(text: str) -> BuildSpec:
 def render(spec: BuildSpec) -> str:
     """The CUDA source of one spec. Deterministic: same spec and templates give the same text."""
     template = _environment(templates_dir()).get_template(ENTRY_TEMPLATES[spec.kind])
-    return template.render(spec=spec, abi_version=abi.ABI_VERSION)
+    return template.render(spec=spec, abi_version=abi.ABI_VERSION, split_tail=split_tail)

@@ -532,6 +532,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "bias_dtype": lambda f: "float32",
     "bias_staging": lambda f: False,
     "kv_multicast": lambda f: False,
+    "split_tail": lambda f: False,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -833,6 +834,13 @@ class KernelSpec(BaseModel):
     # last pair has a tile past seqlen_q that loads and computes but stores nothing). Needs every
     # tile of a head to visit the same key blocks (_kv_multicast_blockers). Off unless set.
     kv_multicast: bool = False
+    # Static schedule: the tiles past the last whole wave (num_tiles % CTAs of them) are cut along
+    # the keys into equal shares of key blocks, one share per CTA (the grid is every SM), and the
+    # CTA that holds a tile's last key block merges the other pieces' partial O, row max and row
+    # sum from the forward workspace into its own (stream-K's fix-up), so the last wave leaves no
+    # SM idle. The kernel splits only where fa3gen.split_tail.splits. Every tile must see every key
+    # block (_split_tail_blockers). Off unless set (the registry's split twins set it).
+    split_tail: bool = False
     # Block sparsity for a mask_mod: before the first launch for a problem (shapes and param
     # values), a generated kernel classifies each (query block, key block) pair as empty, partial or
     # full, reduced per tile to the blocks it visits and the longest run of full ones: a forward
@@ -1081,6 +1089,18 @@ class KernelSpec(BaseModel):
         if missing:
             raise ValueError(f"inter_tile_overlap needs {', '.join(missing)}")
 
+    def _split_tail_blockers(self) -> list[str]:
+        """Why split_tail cannot apply to this forward spec (empty: it can)."""
+        why = []
+        if self.scheduler != "static":
+            why.append('scheduler="static" (the pieces are fixed shares of the last wave\'s key blocks)')
+        if self.keys_bounded_right or self.keys_bounded_left or self.block_sparse:
+            why.append("every tile to see every key block: no causal, window or block_sparse (their tiles differ "
+                       "in length, which the lpt scheduler balances)")
+        if self.kv_multicast:
+            why.append("kv_multicast=False (a cluster's two CTAs load the same key blocks)")
+        return why
+
     def _check_narrow_edge_block(self) -> None:
         why = []
         if not self.keys_bounded_right:
@@ -1130,7 +1150,8 @@ class KernelSpec(BaseModel):
                                           ("row_reduce_chains", self.row_reduce_chains != 1),
                                           ("epilogue", self.epilogue != "direct"),
                                           ("q_buffers", self.q_buffers != 1),
-                                          ("kv_multicast", self.kv_multicast)) if on]
+                                          ("kv_multicast", self.kv_multicast),
+                                          ("split_tail", self.split_tail)) if on]
         if fwd_only:
             raise ValueError(f"{', '.join(fwd_only)} apply to forward kernels only; leave them unset for kind='bwd'")
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
@@ -1264,6 +1285,8 @@ class KernelSpec(BaseModel):
             self._check_block_sparse()
         if self.kv_multicast and (blockers := _kv_multicast_blockers(self.model_dump())):
             raise ValueError("kv_multicast needs " + "; ".join(blockers))
+        if self.split_tail and (blockers := self._split_tail_blockers()):
+            raise ValueError("split_tail needs " + "; ".join(blockers))
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -1510,6 +1533,7 @@ class KernelSpec(BaseModel):
         sched += "_kvfs" if self.kv_factors_in_smem else ""
         sched += "_bsp" if self.block_sparse else ""
         sched += "_mc2" if self.kv_multicast else ""
+        sched += "_st" if self.split_tail else ""
         sched += f"_p{self.producer_registers}" if self.producer_registers is not None else ""  # bwd: below
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")

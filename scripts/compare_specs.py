@@ -15,6 +15,8 @@ through each SDPA backend, as `fa3gen bench --pass bwd` does, on the same q, k, 
 kernel's dq, dk, dv are checked against cuDNN's (with --variant: against the default backward
 kernel's with the same values, after fa3gen's forward with them).
 
+--shapes BxSQxSKxH,... times those shapes (batch, seqlen_q, seqlen_k, heads) instead.
+
 Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] [--graph] [--variant JSON] SPEC_JSON [SPEC_JSON ...]
        python scripts/compare_specs.py @specs.jsonl   # one spec JSON per line
 """
@@ -96,7 +98,8 @@ def _bwd_kernel_fns(kernels: list, q, k, v, scale: float, causal: bool, seed: in
 
 
 def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5, reps: int = 20,
-            graph: bool = False, variant: dict | None = None) -> int:
+            graph: bool = False, variant: dict | None = None,
+            shapes: list[tuple[int, int, int, int]] | None = None) -> int:
     failures = 0
     key = lambda s: (s.kind, s.dtype, s.head_dim, s.causal)  # noqa: E731
     for (kind, dt, d, causal), group in groupby(sorted(specs, key=key), key=key):
@@ -105,19 +108,21 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
         names = [s.name for s in group]
         how = f", CUDA graphs of {CALLS_PER_GRAPH} calls" if graph else ""
         print(f"\n### {kind} {dt} d{d} {'causal' if causal else 'full'} (TFLOP/s{how}; ratio to the best peer)")
-        print("| seqlen | cuDNN | FA2 | " + " | ".join(names) + " |")
+        print(f"| {'b x sq x sk x h' if shapes else 'seqlen'} | cuDNN | FA2 | " + " | ".join(names) + " |")
         print("|---" * (3 + len(names)) + "|")
-        for _, s, b, h, _ in bench_cases([d], seqlens, [causal]):
+        cases = shapes or [(b, s, s, h) for _, s, b, h, _ in bench_cases([d], seqlens, [causal])]
+        for b, s, sk, h in cases:
             gen = torch.Generator(device="cuda").manual_seed(s + d)
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dt], generator=gen) for _ in range(3))
+            q = torch.randn(b, s, h, d, device="cuda", dtype=DTYPES[dt], generator=gen)
+            k, v = (torch.randn(b, sk, h, d, device="cuda", dtype=DTYPES[dt], generator=gen) for _ in range(2))
             scale = 1 / math.sqrt(d)
             tol = (2e-2 if dt == "bf16" else 4e-3) * 4
             if kind == "bwd":
                 fns, failed = _bwd_kernel_fns(kernels, q, k, v, scale, causal, s + d, tol / 2, variant)
-                flops = attn_bwd_flops(b, h, s, s, d, causal)
+                flops = attn_bwd_flops(b, h, s, sk, d, causal)
             else:
                 fns, failed = _fwd_kernel_fns(kernels, q, k, v, scale, causal, variant, tol)
-                flops = attn_fwd_flops(b, h, s, s, d, causal)
+                flops = attn_fwd_flops(b, h, s, sk, d, causal)
             failures += failed
             calls = CALLS_PER_GRAPH if graph else 1
             if graph:
@@ -126,7 +131,7 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
             tflops = {name: flops * calls / t / 1e9 for name, t in ms.items()}
             best = max(tflops["cudnn"], tflops["flash"])
             cells = [f"{tflops[name]:.1f} ({tflops[name] / best:.2f}x)" for name in names]
-            print(f"| {s} | {tflops['cudnn']:.1f} | {tflops['flash']:.1f} | " + " | ".join(cells) + " |", flush=True)
+            print(f"| {f'{b} x {s} x {sk} x {h}' if shapes else s} | {tflops['cudnn']:.1f} | {tflops['flash']:.1f} | " + " | ".join(cells) + " |", flush=True)
     return 1 if failures else 0
 
 
@@ -136,10 +141,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no host cost per call)")
     parser.add_argument("--variant", type=json.loads, default=None,
                         help='the variants\' values, e.g. \'{"window_size": [1024, 0]}\'')
+    parser.add_argument("--shapes", default=None,
+                        help="these shapes instead of the FA3 setup: BxSQxSKxH,... (batch, seqlen_q, seqlen_k, heads)")
     parser.add_argument("specs", nargs="+", help="spec JSON")
     args = parser.parse_args(argv)
     specs = [fa3gen.KernelSpec.from_json(s) for s in args.specs]
-    return compare(specs, [int(x) for x in args.seqlens.split(",")], graph=args.graph, variant=args.variant)
+    shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")] if args.shapes else None
+    return compare(specs, [int(x) for x in args.seqlens.split(",")], graph=args.graph, variant=args.variant,
+                   shapes=shapes)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,9 @@ SPECS = {
     # FP8 past 1k queries: three consumer warpgroups without intra-warpgroup overlap (the serial
     # loop, each block's descale factors loaded a block ahead), row sums on the tensor cores.
     "fwd_d128_e4m3_long": REGISTRY["fwd_d128_e4m3_long"],
+    # The split twin of the hdim 128 three-warpgroup kernel: the last wave's tiles in pieces along
+    # the keys, each tile's owner merging the others' partials from the workspace.
+    "fwd_d128_bf16_long_split": REGISTRY["fwd_d128_bf16_long_split"],
     # FP8 with each key block's K and V factors stored by the producer beside its K (before the
     # stage's arming arrival, which releases them), read by the pingpong loop from shared memory.
     "d256_e4m3_kv_factors_in_smem": KernelSpec(head_dim=256, dtype="e4m3", kv_factors_in_smem=True),
@@ -260,6 +263,22 @@ def test_sass_kv_multicast(builds: dict[str, BuildResult], name: str) -> None:
     loop = key_block_loop(sass)
     assert loop, "no key-block loop found"
     assert not [t for t in loop if re.search(r"\b(LDL|STL)\b", t)], "local memory in the key-block loop"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].split_tail])
+def test_sass_split_tail_hands_partials_through_l2(builds: dict[str, BuildResult], name: str) -> None:
+    """split_tail: a piece's partial leaves in 16-byte stores that bypass L1 (st.global.cg), its
+    arrival is one device-scope atomic after a fence, and the owner waits with an acquire load
+    (sleeping between polls) and reads the partials in 16-byte loads from L2; the key-block loop
+    keeps out of local memory. The plain kernel has none of it."""
+    sass, plain = _sass(builds[name]), _sass(builds["fwd_d128_bf16_long"])
+    ops = [t.split()[1] if t.startswith("@") else t.split()[0] for _, t in instructions(sass)]
+    assert ops.count("ATOMG.E.ADD.STRONG.GPU") == 1 and "MEMBAR.SC.GPU" in ops
+    assert "STG.E.128.STRONG.GPU" in ops and "LDG.E.128.STRONG.GPU" in ops and "LDG.E.STRONG.GPU" in ops
+    assert "NANOSLEEP" in ops
+    assert "ATOMG" not in plain and "STG.E.128.STRONG.GPU" not in plain
+    loop = key_block_loop(sass)
+    assert loop and not [t for t in loop if re.search(r"\b(LDL|STL)\b", t)], "local memory in the key-block loop"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].kv_factors_in_smem])

@@ -142,7 +142,7 @@ def test_q_loads_a_tile_ahead_with_q_in_registers():
         assert not spec.loads_q_a_tile_ahead, spec.name
         if spec.kind == "fwd":
             assert "load_q_of_tile" not in render(spec)
-    assert sorted(n for n, s in registry.REGISTRY.items() if s.loads_q_a_tile_ahead) == [
+    assert sorted(n for n, s in registry.REGISTRY.items() if s.loads_q_a_tile_ahead and not s.split_tail) == [
         "fwd_d128_bf16_short", "fwd_d128_fp16_short", "fwd_d64_bf16_mid", "fwd_d64_fp16_mid"]
 
 
@@ -410,6 +410,50 @@ def test_kv_multicast_render_and_refusals(fields):
 def test_kv_multicast_refusals(fields, why):
     with pytest.raises(ValidationError, match=why):
         KernelSpec(**{"head_dim": 128, **fields, "kv_multicast": True})
+
+
+@pytest.mark.parametrize("fields", [dict(head_dim=128, block_m=192, intra_wg_overlap=False), dict(head_dim=128),
+                                    dict(head_dim=256, epilogue="tma_v"), dict(head_dim=128, dtype="e4m3"),
+                                    dict(head_dim=64, block_m=256, block_n=64, v_transpose_in_kernel=False)],
+                         ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_split_tail_render(fields):
+    """split_tail: off by default (absent from the canonical JSON, the kernel's source unchanged),
+    opt-in for not-causal kernels on the static schedule, chained or not. Rendered as the
+    scheduler's shares of the last wave's key blocks (pieces before whole tiles), every role's key
+    ranges from them, the workspace (counters, then one partial per CTA) as the kernel's scratch,
+    a grid of every SM, and one merge per tile before its epilogue, which only whole tiles and
+    owners reach; with O in the V buffer the producer stores only the tiles its CTA owns."""
+    default = KernelSpec(**fields)
+    assert not default.split_tail and "split_tail" not in default.canonical_json()
+    on = KernelSpec(**fields, split_tail=True)
+    assert on.name == default.name + "_st"
+    assert '"split_tail":true' in on.canonical_json()
+    code, plain = render(on), render(default)
+    assert "whole_tiles = split ? num_tiles - rest : num_tiles;" in code
+    assert "return first_unit(tile) > units_begin ? tile - 1 : first_whole_tile();" in code
+    assert "constexpr int kWorkspaceBytes = kSplitTailWorkspaceBytes;" in code and "a->workspace,\n" in code
+    assert "dim3 grid(static_cast<unsigned>(sm_count <= kSplitTailMaxCtas ? sm_count" in code
+    # the producer's loads (and its Q a tile ahead) and the consumers' loop (chained: this tile's and the next's) take the piece
+    assert code.count("tile_key_blocks(scheduler, ") == 1 + on.loads_q_a_tile_ahead + 1 + on.inter_tile_overlap
+    assert "key_block_range(p, t.m_block)" not in code.split("__device__ __forceinline__ void produce(")[1].split("#if")[0]
+    assert code.count("if (merge_split_tile(p, scheduler, tile, softmax, o_rows, ") == 1
+    assert ("descale.v_unit, mma_thread)" in code) == on.is_fp8
+    assert ("staged = scheduler.stores_tile(tile) ? tile : -1;" in code) == (on.epilogue == "tma_v")
+    for text in ("split_", "tile_key_blocks", "stores_tile", "kSplitTail"):
+        assert text not in plain, text
+
+
+@pytest.mark.parametrize("fields, why", [
+    (dict(causal=True), "every tile to see every key block"),
+    (dict(window=True), "every tile to see every key block"),
+    (dict(scheduler="lpt"), 'scheduler="static"'),
+    (dict(scheduler="grid"), 'scheduler="static"'),
+    (dict(kv_multicast=True), "kv_multicast=False"),
+    (dict(kind="bwd"), "split_tail apply to forward kernels only"),
+])
+def test_split_tail_refusals(fields, why):
+    with pytest.raises(ValidationError, match=why):
+        KernelSpec(**{"head_dim": 128, **fields, "split_tail": True})
 
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)

@@ -1,0 +1,28 @@
+"""When a forward kernel with split_tail cuts its last wave's tiles along the keys.
+
+One rule for the kernel (rendered into its scheduler) and the dispatcher (which takes a
+registry kernel's split twin only for problems the rule splits): a split must shorten the
+busiest CTA's key blocks by MIN_SAVING_PERCENT and give each CTA at least MIN_SHARE_BLOCKS of
+them. Measured (H100, 2026-12-06, scripts/compare_specs.py --shapes): problems of a wave or two
+gain 9-68% (hdim 128 1 x 4096 x 8 heads +18%, 128 queries over 16k keys +68%); the FA3 grid's
+tails of 3-5% gained 0-2% at 8k-16k and lost up to 7% at 1k, and shares of 4 key blocks lost 5%:
+each piece starts its own pipeline and hands a partial over, and the split code costs a kernel
+that does not split 2-5% (so the registry keeps it in twins the dispatcher picks).
+"""
+
+from __future__ import annotations
+
+MAX_CTAS = 144  # the workspace holds one partial per CTA (Hopper parts have at most 132 SMs)
+MIN_SAVING_PERCENT = 12
+MIN_SHARE_BLOCKS = 8
+
+
+def splits(num_tiles: int, key_blocks: int, ctas: int) -> bool:
+    """Whether a split_tail kernel on `ctas` CTAs splits a problem of num_tiles tiles of key_blocks
+    key blocks each (the scheduler's rule in templates/fwd/schedule.j2)."""
+    rest = num_tiles % ctas
+    units = rest * key_blocks
+    share = -(-units // ctas)
+    whole = num_tiles // ctas * key_blocks
+    return (rest > 0 and ctas <= MAX_CTAS and units <= (2**31 - 1) // 2 and share >= MIN_SHARE_BLOCKS
+            and (whole + share) * 100 <= (whole + key_blocks) * (100 - MIN_SAVING_PERCENT))

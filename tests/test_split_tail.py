@@ -1,0 +1,77 @@
+"""split_tail's rule (fa3gen.split_tail.splits, rendered into the kernel's scheduler) and the
+dispatcher that takes a registry kernel's split twin for the problems the rule splits."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fa3gen import ops, registry, render, split_tail
+from fa3gen.bench import bench_cases
+from fa3gen.spec import KernelSpec
+
+SMS = 132  # H100 SXM and H200
+
+
+@pytest.mark.parametrize("tiles, key_blocks, expected", [
+    (176, 32, True),     # hdim 128, 192 rows: 1 x 4096 queries x 8 heads, a wave and a third
+    (86, 128, True),     # one head of 16k queries: 86 of 132 SMs busy
+    (32, 128, True),     # 128 queries over 16k keys, 32 heads: a quarter of the SMs
+    (64, 8, False),      # shares of 4 key blocks (lost 5%)
+    (352, 16, False),    # 2.7 waves: a 10% shorter busiest CTA is below the bar
+    (128, 128, False),   # 128 tiles on 132 SMs: nothing to save
+    (264, 64, False),    # whole waves
+    (1376, 128, False),  # the FA3 grid's hdim 128 16k: its 5% tail stays whole
+])
+def test_rule(tiles, key_blocks, expected):
+    assert split_tail.splits(tiles, key_blocks, SMS) is expected
+    assert not split_tail.splits(tiles, key_blocks, split_tail.MAX_CTAS + 1)  # past the workspace's partials
+
+
+def test_the_kernel_renders_the_rule():
+    code = render(KernelSpec(head_dim=128, split_tail=True))
+    assert f"constexpr int kSplitTailMaxCtas = {split_tail.MAX_CTAS};" in code
+    assert f"constexpr int kSplitTailMinSavingPercent = {split_tail.MIN_SAVING_PERCENT};" in code
+    assert f"constexpr int kSplitTailMinShareBlocks = {split_tail.MIN_SHARE_BLOCKS};" in code
+    assert "share >= kSplitTailMinShareBlocks\n" in code
+    assert "(whole + share) * 100 <= (whole + key_blocks) * (100 - kSplitTailMinSavingPercent);" in code
+
+
+@pytest.mark.parametrize("name", [n for n, s in registry.REGISTRY.items() if s.split_tail])
+def test_the_fa3_grid_never_splits(name):
+    """No FA3-setup problem (16k tokens, hidden 2048) is split: the grid's figures are the plain
+    kernels' (BENCHMARKS.md), and the dispatcher never takes a twin there."""
+    spec = registry.REGISTRY[name]
+    for _, s, b, h, _ in bench_cases([spec.head_dim], [512, 1024, 2048, 4096, 8192, 16384], [False]):
+        tiles = -(-s // spec.block_m) * h * b
+        assert not split_tail.splits(tiles, -(-s // spec.block_n), SMS), (s, b, h)
+
+
+def _fake_kernel(spec: KernelSpec) -> SimpleNamespace:
+    return SimpleNamespace(spec=spec)
+
+
+def test_dispatch_takes_the_twin_for_small_problems(monkeypatch):
+    monkeypatch.setattr(ops, "_sm_count", lambda device: SMS)
+    compiled = []
+    monkeypatch.setattr(ops, "_compile_fn", lambda: lambda spec: compiled.append(spec) or _fake_kernel(spec))
+    monkeypatch.setattr(ops, "_KERNELS", {})
+    long = registry.REGISTRY["fwd_d128_bf16_long"]
+
+    def pick(spec, b, sq, sk, h):
+        q = torch.empty(b, sq, h, spec.head_dim, dtype=torch.bfloat16)
+        k = torch.empty(b, sk, h, spec.head_dim, dtype=torch.bfloat16)
+        return ops._split_twin_for(_fake_kernel(spec), q, k).spec
+
+    assert pick(long, 1, 4096, 4096, 8) == registry.REGISTRY["fwd_d128_bf16_long_split"]
+    assert pick(long, 1, 16384, 16384, 16) == long  # the FA3 grid's shape
+    assert pick(long, 2, 1024, 1024, 8) == long  # shares of 4 key blocks
+    short = registry.REGISTRY["fwd_d128_bf16_short"]
+    assert pick(short, 4, 128, 16384, 8) == registry.REGISTRY["fwd_d128_bf16_short_split"]
+    assert compiled == [registry.REGISTRY["fwd_d128_bf16_long_split"], registry.REGISTRY["fwd_d128_bf16_short_split"]]
+    # causal kernels, variants outside the registry and twins themselves stay as they are
+    for spec in (registry.REGISTRY["fwd_d128_bf16_causal"], KernelSpec(head_dim=128, softcap=True),
+                 registry.REGISTRY["fwd_d128_bf16_long_split"]):
+        assert pick(spec, 1, 4096, 4096, 8) == spec
