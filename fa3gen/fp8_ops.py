@@ -156,6 +156,8 @@ def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: boo
     if kernel is None:
         kernel = _kernel_for(d, dv, out_dtype, causal, window, exact_v_ratios, transposes_v,
                              _seqlen_bucket(inputs, causal, window))
+        b, sq, h, _ = inputs.q.data.shape
+        kernel = ops._split_twin_for(kernel, b, sq, h, inputs.seqlen_k, inputs.q.data.device)
     spec = kernel.spec
     if spec.v_transpose_in_kernel != transposes_v:
         raise ValueError(f"fa3gen: kernel {spec.name} takes V " + (

@@ -300,16 +300,16 @@ def _sm_count(device: torch.device) -> int:
     return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _split_twin_for(kernel: Any, q: torch.Tensor, k: torch.Tensor) -> Any:
+def _split_twin_for(kernel: Any, batch: int, seqlen_q: int, nheads: int, seqlen_k: int, device: torch.device) -> Any:
     """The registry kernel's split_tail twin where that kernel would leave SMs idle in its last
     wave and the twin splits it (fa3gen.split_tail.splits: a wave or two of tiles), else the
     kernel. The twin's grid is every SM."""
     spec = getattr(kernel, "spec", None)
-    if not isinstance(spec, KernelSpec) or spec.causal or spec.split_tail or registry.split_twin(spec) is None:
+    if device.type != "cuda" or not isinstance(spec, KernelSpec) or spec.causal or spec.split_tail \
+            or registry.split_twin(spec) is None:
         return kernel
-    batch, seqlen_q, nheads, _ = q.shape
     tiles = -(-seqlen_q // spec.block_m) * nheads * batch
-    if not split_tail.splits(tiles, -(-k.shape[1] // spec.block_n), _sm_count(q.device)):
+    if not split_tail.splits(tiles, -(-seqlen_k // spec.block_n), _sm_count(device)):
         return kernel
     key = ("split", spec.content_hash)
     twin = _KERNELS.get(key)
@@ -436,7 +436,7 @@ def _launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kernel: Any =
     if kernel is None:  # the registry kernel for these inputs
         kernel = _kernel_for(q.shape[-1], v.shape[-1], _DTYPES[q.dtype], bool(causal), variant.window,
                              variant.softcap > 0, variant.alibi_slopes is not None, q.shape[1])
-        kernel = _split_twin_for(kernel, q, k)
+        kernel = _split_twin_for(kernel, q.shape[0], q.shape[1], q.shape[2], k.shape[1], q.device)
     params = _make_params(q, k, v, out, lse, softmax_scale)
     _run_fwd(kernel, params, variant, q, k, causal)
     return kernel, params

@@ -155,16 +155,20 @@ def _bucket_fields(tiers: SeqlenTiers | None, bucket: str | None) -> dict[str, A
     return next((fields for name, _, fields in tiers or () if name == bucket), {})
 
 
-# Split twins: each not-causal 16-bit forward kernel with split_tail, which the dispatcher takes
-# only for the problems fa3gen.split_tail.splits (a wave or two of tiles: a small batch, few heads,
-# few queries over many keys). The split code costs a kernel 2-5% where it does not split, so the
-# kernels above stay as they are for every other problem.
+# Split twins: each not-causal forward kernel with split_tail, which the dispatchers take only for
+# the problems fa3gen.split_tail.splits (a wave or two of tiles: a small batch, few heads, few
+# queries over many keys). The split code costs a kernel 2-5% where it does not split, so the
+# kernels themselves stay as they are for every other problem.
 SPLIT_TWIN_SUFFIX = "_split"
-REGISTRY.update({
-    name + SPLIT_TWIN_SUFFIX: KernelSpec(**{**spec.model_dump(exclude_unset=True), "split_tail": True})
-    for name, spec in list(REGISTRY.items())
-    if spec.kind == "fwd" and not spec.causal
-})
+
+
+def _split_twins() -> dict[str, KernelSpec]:
+    return {name + SPLIT_TWIN_SUFFIX: KernelSpec(**{**spec.model_dump(exclude_unset=True), "split_tail": True})
+            for name, spec in REGISTRY.items()
+            if spec.kind == "fwd" and not spec.causal and not spec.split_tail}
+
+
+REGISTRY.update(_split_twins())
 
 
 # FP8 forward kernels (e4m3 in, bf16 out) of the head dims the FA3 paper measures.
@@ -207,6 +211,7 @@ FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
 }
 
 REGISTRY.update(_bucket_specs(FP8_SEQLEN_TILES, ("e4m3",)))
+REGISTRY.update(_split_twins())  # the e4m3 kernels'
 
 
 def fp8_seqlen_bucket(head_dim: int, head_dim_v: int, causal: bool, window: bool, v_transpose_in_kernel: bool,

@@ -230,6 +230,8 @@ def test_canonical_json_round_trip(fields):
 FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")] + [
     "fwd_d64_e4m3_short", "fwd_d64_e4m3_long", "fwd_d64_e4m3_causal_short", "fwd_d64_e4m3_causal_long",
     "fwd_d128_e4m3_long", "fwd_d128_e4m3_causal_short"]
+# and the split twins of the not-causal ones (registry.SPLIT_TWIN_SUFFIX)
+FP8_REGISTRY_NAMES += [n + "_split" for n in FP8_REGISTRY_NAMES if "_causal" not in n]
 
 
 @pytest.mark.parametrize("name", FP8_REGISTRY_NAMES)
@@ -240,8 +242,10 @@ def test_registry_has_e4m3_entries(name):
     assert name.startswith(f"fwd_d{spec.head_dim}_e4m3")
     assert spec.smem_bytes <= SMEM_BUDGET_BYTES
     assert registry.registry_name(spec) == name and registry.resolve(name) is spec
-    bucket = name.rsplit("_", 1)[1] if name.endswith(("_short", "_long")) else None
-    assert registry.default_fp8_spec(spec.head_dim, spec.head_dim, "bf16", spec.causal, seqlen_q=bucket) is spec
+    base = name.removesuffix(registry.SPLIT_TWIN_SUFFIX)
+    bucket = base.rsplit("_", 1)[1] if base.endswith(("_short", "_long")) else None
+    default = registry.default_fp8_spec(spec.head_dim, spec.head_dim, "bf16", spec.causal, seqlen_q=bucket)
+    assert (registry.split_twin(default) if spec.split_tail else default) is spec
 
 
 def test_registry_has_exactly_the_e4m3_entries():

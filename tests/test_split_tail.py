@@ -61,9 +61,7 @@ def test_dispatch_takes_the_twin_for_small_problems(monkeypatch):
     long = registry.REGISTRY["fwd_d128_bf16_long"]
 
     def pick(spec, b, sq, sk, h):
-        q = torch.empty(b, sq, h, spec.head_dim, dtype=torch.bfloat16)
-        k = torch.empty(b, sk, h, spec.head_dim, dtype=torch.bfloat16)
-        return ops._split_twin_for(_fake_kernel(spec), q, k).spec
+        return ops._split_twin_for(_fake_kernel(spec), b, sq, h, sk, torch.device("cuda", 0)).spec
 
     assert pick(long, 1, 4096, 4096, 8) == registry.REGISTRY["fwd_d128_bf16_long_split"]
     assert pick(long, 1, 16384, 16384, 16) == long  # the FA3 grid's shape
@@ -73,5 +71,7 @@ def test_dispatch_takes_the_twin_for_small_problems(monkeypatch):
     assert compiled == [registry.REGISTRY["fwd_d128_bf16_long_split"], registry.REGISTRY["fwd_d128_bf16_short_split"]]
     # causal kernels, variants outside the registry and twins themselves stay as they are
     for spec in (registry.REGISTRY["fwd_d128_bf16_causal"], KernelSpec(head_dim=128, softcap=True),
-                 registry.REGISTRY["fwd_d128_bf16_long_split"]):
+                 registry.REGISTRY["fwd_d128_bf16_long_split"], registry.REGISTRY["fwd_d128_e4m3_causal"]):
         assert pick(spec, 1, 4096, 4096, 8) == spec
+    # e4m3 (fa3gen.fp8_ops's dispatch): the registry's not-causal kernels have twins too
+    assert pick(registry.REGISTRY["fwd_d128_e4m3_long"], 1, 4096, 4096, 8) == registry.REGISTRY["fwd_d128_e4m3_long_split"]

@@ -64,8 +64,9 @@ def test_split_tail_matches_reference(spec):
         for _ in range(2):
             q = torch.randn(b, sq, hq, spec.head_dim, device="cuda", dtype=dtype, generator=gen)
             kv = torch.randn(b, sk, 2, hkv, spec.head_dim, device="cuda", dtype=dtype, generator=gen)
-            check_poisoned_launch(q, kv[:, :, 0], kv[:, :, 1], spec.causal, kernel, VariantArgs(),
-                                  tol=8e-3 if dtype == torch.bfloat16 else 1e-3, lse_tol=1e-3)
+            rel = check_poisoned_launch(q, kv[:, :, 0], kv[:, :, 1], spec.causal, kernel, VariantArgs(),
+                                        tol=8e-3 if dtype == torch.bfloat16 else 1e-3, lse_tol=1e-3)
+            print(f"{spec.name} {(b, sq, sk, hq, hkv)}: O rel err {rel:.2e}")
 
 
 @pytest.mark.parametrize("spec", FP8_SPECS, ids=lambda s: s.name)
@@ -100,3 +101,26 @@ def test_the_op_takes_the_twin_for_small_problems():
         assert kernel.spec.split_tail is split, (b, sq, sk, h, d, kernel.spec.name)
         ref, ref_lse = attention_reference(q, k, v, d ** -0.5, False)
         check_poisoned_outputs(out, lse, ref, ref_lse, 8e-3, 1e-3, f"{kernel.spec.name} {(b, sq, sk, h, d)}")
+
+
+def test_the_fp8_op_takes_the_twin_for_small_problems():
+    """fa3gen.fp8_ops' dispatch: the e4m3 registry kernel's split twin for problems the rule
+    splits, the kernel itself for the FA3 grid's; either matches the dequantized inputs' float64."""
+    from fa3gen import fp8_ops
+
+    for i, (b, sq, sk, h, d, split) in enumerate([(1, 4096, 4096, 8, 128, True), (4, 128, 16384, 8, 128, True),
+                                                  (1, 4096, 4096, 2, 256, True), (2, 1024, 1024, 8, 128, False)]):
+        q, k, v = (ramped(b, s, h, d, 400 + 10 * i + j) for j, s in enumerate((sq, sk, sk)))
+        inputs = fp8.prepare(q, k, v, "block", hadamard=True, seed=i)
+        kernel = fp8_ops._checked_kernel(inputs, "bf16", False, False)
+        assert kernel.spec.split_tail is split, (b, sq, sk, h, d, kernel.spec.name)
+        check_fp8(inputs, False)
+
+
+def test_split_tail_fp8_v_transposed_in_kernel():
+    """The producer warpgroup's V transpose walks the same pieces as the loads (its key ranges)."""
+    spec = _split(fa3gen.registry.default_fp8_spec(128, 128, "bf16", False, v_transpose_in_kernel=True))
+    kernel = fa3gen.compile(spec)
+    for i, (b, sq, sk, hq, hkv) in enumerate(SHAPES[:4]):
+        q, k, v = (ramped(b, s, h, 128, 500 + 10 * i + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
+        check_fp8(fp8.prepare(q, k, v, "block", hadamard=True, seed=i, kernel_v_layout=False), False, kernel=kernel)
