@@ -305,8 +305,7 @@ def _split_twin_for(kernel: Any, batch: int, seqlen_q: int, nheads: int, seqlen_
     wave and the twin splits it (fa3gen.split_tail.splits: a wave or two of tiles), else the
     kernel. The twin's grid is every SM."""
     spec = getattr(kernel, "spec", None)
-    if device.type != "cuda" or not isinstance(spec, KernelSpec) or spec.causal or spec.split_tail \
-            or registry.split_twin(spec) is None:
+    if device.type != "cuda" or not isinstance(spec, KernelSpec) or spec.split_tail or registry.split_twin(spec) is None:
         return kernel
     tiles = -(-seqlen_q // spec.block_m) * nheads * batch
     if not split_tail.splits(tiles, -(-seqlen_k // spec.block_n), _sm_count(device)):

@@ -155,17 +155,19 @@ def _bucket_fields(tiers: SeqlenTiers | None, bucket: str | None) -> dict[str, A
     return next((fields for name, _, fields in tiers or () if name == bucket), {})
 
 
-# Split twins: each not-causal forward kernel with split_tail, which the dispatchers take only for
-# the problems fa3gen.split_tail.splits (a wave or two of tiles: a small batch, few heads, few
-# queries over many keys). The split code costs a kernel 2-5% where it does not split, so the
-# kernels themselves stay as they are for every other problem.
+# Split twins: each forward kernel with split_tail (causal ones on the static schedule), which the
+# dispatchers take only for the problems fa3gen.split_tail.splits (a wave or two of tiles: a
+# small batch, few heads, few queries over many keys: decoding from a KV cache). The split code
+# costs a kernel 2-5% where it does not split, so the kernels themselves stay as they are for every
+# other problem.
 SPLIT_TWIN_SUFFIX = "_split"
 
 
 def _split_twins() -> dict[str, KernelSpec]:
-    return {name + SPLIT_TWIN_SUFFIX: KernelSpec(**{**spec.model_dump(exclude_unset=True), "split_tail": True})
+    return {name + SPLIT_TWIN_SUFFIX: KernelSpec(**{**spec.model_dump(exclude_unset=True), "split_tail": True,
+                                                    "scheduler": "static"})
             for name, spec in REGISTRY.items()
-            if spec.kind == "fwd" and not spec.causal and not spec.split_tail}
+            if spec.kind == "fwd" and not spec.split_tail}
 
 
 REGISTRY.update(_split_twins())

@@ -838,8 +838,10 @@ class KernelSpec(BaseModel):
     # the keys into equal shares of key blocks, one share per CTA (the grid is every SM), and the
     # CTA that holds a tile's last key block merges the other pieces' partial O, row max and row
     # sum from the forward workspace into its own (stream-K's fix-up), so the last wave leaves no
-    # SM idle. The kernel splits only where fa3gen.split_tail.splits. Every tile must see every key
-    # block (_split_tail_blockers). Off unless set (the registry's split twins set it).
+    # SM idle. The kernel splits only where fa3gen.split_tail.splits, reckoning every tile at the
+    # longest one's key blocks (a causal tile's shares past its last block are empty pieces); every
+    # tile's blocks must start at the first (_split_tail_blockers). Off unless set (the registry's
+    # split twins set it).
     split_tail: bool = False
     # Block sparsity for a mask_mod: before the first launch for a problem (shapes and param
     # values), a generated kernel classifies each (query block, key block) pair as empty, partial or
@@ -1094,9 +1096,9 @@ class KernelSpec(BaseModel):
         why = []
         if self.scheduler != "static":
             why.append('scheduler="static" (the pieces are fixed shares of the last wave\'s key blocks)')
-        if self.keys_bounded_right or self.keys_bounded_left or self.block_sparse:
-            why.append("every tile to see every key block: no causal, window or block_sparse (their tiles differ "
-                       "in length, which the lpt scheduler balances)")
+        if self.keys_bounded_left or self.block_sparse:
+            why.append("every tile's key blocks to start at the first: no window or block_sparse (causal tiles "
+                       "end early, so their shares past the end are empty pieces)")
         if self.kv_multicast:
             why.append("kv_multicast=False (a cluster's two CTAs load the same key blocks)")
         return why

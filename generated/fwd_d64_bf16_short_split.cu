@@ -269,7 +269,7 @@ __device__ __forceinline__ void mask_scores(KernelParams const& p, TensorS& s, T
 
 // ---- split_tail: the last wave's tiles in pieces along the keys, merged by each tile's owner ----
 
-__device__ __forceinline__ KeyBlockRange tile_key_blocks(TileScheduler const& scheduler, int tile) {
+__device__ __forceinline__ KeyBlockRange tile_key_blocks(KernelParams const&, TileScheduler const& scheduler, int tile, TileCoord const&) {
   if (tile < scheduler.whole_tiles) { return {0, scheduler.key_blocks}; }
   int const first = scheduler.first_unit(tile);
   return {max(scheduler.units_begin, first) - first, min(scheduler.units_end, first + scheduler.key_blocks) - first};
@@ -352,7 +352,8 @@ __device__ __forceinline__ bool merge_split_tile(KernelParams const& p, TileSche
       // exp2 of each max's distance to the merged one; a max of -inf (no visible key) weighs 0.
       float const mine = softmax.row_max[r] == -CUDART_INF_F ? 0.f : exp2f((softmax.row_max[r] - row_max) * softmax.scale_log2);
       float const theirs = other_max[r] == -CUDART_INF_F ? 0.f : exp2f((other_max[r] - row_max) * softmax.scale_log2);
-      float const theirs_o = v_unit > 0.f ? theirs * (other_unit / v_unit) : 0.f;  // their O into this piece's V unit
+      // Their O into this piece's V unit; an empty piece of a lazy fp8 kernel has none yet (0) and takes theirs.
+      float const theirs_o = v_unit > 0.f ? theirs * (other_unit / v_unit) : theirs;
       softmax.row_max[r] = row_max;
       softmax.row_sum[r] = softmax.row_sum[r] * mine + other_sum[r] * theirs;
       CUTLASS_PRAGMA_UNROLL
@@ -364,6 +365,7 @@ __device__ __forceinline__ bool merge_split_tile(KernelParams const& p, TileSche
         o_rows(r, c + 3) = o_rows(r, c + 3) * mine + o.w * theirs_o;
       }
     }
+    if (v_unit == 0.f) { v_unit = other_unit; }
   }
   return true;
 }
@@ -423,7 +425,7 @@ __device__ __forceinline__ void produce(KernelParams const& p, SharedStorage& sm
   for (int tile = scheduler.first_tile(); tile < scheduler.num_tiles;) {
     int const next = scheduler.next_tile(p, tile);
     TileCoord const t = scheduler.coord(p, tile);
-    KeyBlockRange const blocks = tile_key_blocks(scheduler, tile);
+    KeyBlockRange const blocks = tile_key_blocks(p, scheduler, tile, t);
     if (!blocks.empty()) {  // else nothing visible: the consumers write zeros without loads
       load_tile(p, smem, pipeline_q, pipeline_k, pipeline_v, t, blocks, write_q, write);
     }
@@ -476,7 +478,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
   int tile = scheduler.first_tile();
   // Past the last tile nothing is visible (and the coordinates, never used, are not computed).
   TileCoord t = tile < scheduler.num_tiles ? scheduler.coord(p, tile) : TileCoord{};
-  KeyBlockRange blocks = tile < scheduler.num_tiles ? tile_key_blocks(scheduler, tile) : KeyBlockRange{0, 0};
+  KeyBlockRange blocks = tile < scheduler.num_tiles ? tile_key_blocks(p, scheduler, tile, t) : KeyBlockRange{0, 0};
   fa3gen::OnlineSoftmax<kRows, /*kProbLog2Scale=*/0, /*kLazyRescaleLog2=*/-1, /*kChains=*/1> softmax(softmax_scale_log2(p));
   clear(tOrO);
   if (!blocks.empty()) {
@@ -520,7 +522,7 @@ __device__ __forceinline__ void consume(KernelParams const& p, SharedStorage& sm
     }
     int const next = scheduler.next_tile(p, tile);
     TileCoord const t_next = next < scheduler.num_tiles ? scheduler.coord(p, next) : TileCoord{};
-    KeyBlockRange const blocks_next = next < scheduler.num_tiles ? tile_key_blocks(scheduler, next) : KeyBlockRange{0, 0};
+    KeyBlockRange const blocks_next = next < scheduler.num_tiles ? tile_key_blocks(p, scheduler, next, t_next) : KeyBlockRange{0, 0};
     fa3gen::OnlineSoftmax<kRows, /*kProbLog2Scale=*/0, /*kLazyRescaleLog2=*/-1, /*kChains=*/1> softmax_next(softmax_scale_log2(p));
     if (!blocks.empty()) {
       pipeline_q.consumer_release(read_q);  // every Q·Kᵀ of the tile has completed

@@ -15,7 +15,9 @@ through each SDPA backend, as `fa3gen bench --pass bwd` does, on the same q, k, 
 kernel's dq, dk, dv are checked against cuDNN's (with --variant: against the default backward
 kernel's with the same values, after fa3gen's forward with them).
 
---shapes BxSQxSKxH,... times those shapes (batch, seqlen_q, seqlen_k, heads) instead.
+--shapes BxSQxSKxH,... times those shapes (batch, seqlen_q, seqlen_k, heads) instead; causal with
+seqlen_q != seqlen_k counts the bottom-right mask's FLOPs and leaves SDPA out (it masks top-left),
+checking each kernel against the first.
 
 Usage: python scripts/compare_specs.py [--seqlens 512,1024,2048] [--graph] [--variant JSON] SPEC_JSON [SPEC_JSON ...]
        python scripts/compare_specs.py @specs.jsonl   # one spec JSON per line
@@ -56,7 +58,12 @@ def _fwd_kernel_fns(kernels: list, q, k, v, scale: float, causal: bool, variant:
     """The peers' and each forward kernel's {name: fn}, and how many kernels' outputs mismatched."""
     peers, _ = _fwd_fns(q, k, v, scale, causal)
     kw = variant_kwargs(variant, q.shape[2]) if variant else {}
-    ref = fa3gen.flash_attn_func(q, k, v, scale, causal, **kw) if variant else peers["cudnn"]().transpose(1, 2)
+    if variant:
+        ref = fa3gen.flash_attn_func(q, k, v, scale, causal, **kw)
+    elif causal and q.shape[1] != k.shape[1]:
+        ref = kernels[0](q, k, v, softmax_scale=scale)  # SDPA's causal mask is top-left there: the first kernel's
+    else:
+        ref = peers["cudnn"]().transpose(1, 2)
     fns, failed = {"cudnn": peers["cudnn"], "flash": peers["flash"]}, 0
     for kernel in kernels:
         fn = lambda kernel=kernel: kernel(q, k, v, softmax_scale=scale, **kw)  # noqa: E731
@@ -123,15 +130,22 @@ def compare(specs: list[fa3gen.KernelSpec], seqlens: list[int], warmup: int = 5,
             else:
                 fns, failed = _fwd_kernel_fns(kernels, q, k, v, scale, causal, variant, tol)
                 flops = attn_fwd_flops(b, h, s, sk, d, causal)
+                if causal and s != sk:  # the keys each query sees, the diagonal aligned bottom-right
+                    flops = 4.0 * b * h * d * sum(max(0, min(sk, sk - s + i + 1)) for i in range(s))
+                    fns = {name: fn for name, fn in fns.items() if name not in ("cudnn", "flash")}  # top-left masks
             failures += failed
             calls = CALLS_PER_GRAPH if graph else 1
             if graph:
                 fns = {name: cuda_graph_of(fn, calls) for name, fn in fns.items()}
             ms = time_cuda_ms_interleaved(fns, warmup, reps, 2.0)
-            tflops = {name: flops * calls / t / 1e9 for name, t in ms.items()}
-            best = max(tflops["cudnn"], tflops["flash"])
+            # A peer that refuses the problem (SDPA's causal mask with seqlen_q != seqlen_k) reads n/a;
+            # the ratios are then to the first spec's kernel.
+            tflops = {name: flops * calls / t / 1e9 for name, t in ms.items() if isinstance(t, float)}
+            peers = [tflops[p] for p in ("cudnn", "flash") if p in tflops]
+            best = max(peers) if peers else tflops[names[0]]
             cells = [f"{tflops[name]:.1f} ({tflops[name] / best:.2f}x)" for name in names]
-            print(f"| {f'{b} x {s} x {sk} x {h}' if shapes else s} | {tflops['cudnn']:.1f} | {tflops['flash']:.1f} | " + " | ".join(cells) + " |", flush=True)
+            peer_cells = " | ".join(f"{tflops[p]:.1f}" if p in tflops else "n/a" for p in ("cudnn", "flash"))
+            print(f"| {f'{b} x {s} x {sk} x {h}' if shapes else s} | {peer_cells} | " + " | ".join(cells) + " |", flush=True)
     return 1 if failures else 0
 
 

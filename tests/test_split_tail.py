@@ -69,9 +69,13 @@ def test_dispatch_takes_the_twin_for_small_problems(monkeypatch):
     short = registry.REGISTRY["fwd_d128_bf16_short"]
     assert pick(short, 4, 128, 16384, 8) == registry.REGISTRY["fwd_d128_bf16_short_split"]
     assert compiled == [registry.REGISTRY["fwd_d128_bf16_long_split"], registry.REGISTRY["fwd_d128_bf16_short_split"]]
-    # causal kernels, variants outside the registry and twins themselves stay as they are
-    for spec in (registry.REGISTRY["fwd_d128_bf16_causal"], KernelSpec(head_dim=128, softcap=True),
-                 registry.REGISTRY["fwd_d128_bf16_long_split"], registry.REGISTRY["fwd_d128_e4m3_causal"]):
+    # causal kernels too (their twins on the static schedule): 128 queries over 16k keys, not a whole wave
+    causal = registry.REGISTRY["fwd_d128_bf16_causal"]
+    assert pick(causal, 4, 128, 16384, 8) == registry.REGISTRY["fwd_d128_bf16_causal_split"]
+    assert registry.REGISTRY["fwd_d128_bf16_causal_split"].scheduler == "static" and causal.scheduler == "lpt"
+    assert pick(causal, 1, 4096, 4096, 8) == causal  # two waves of 128-row tiles
+    # variants outside the registry and twins themselves stay as they are
+    for spec in (KernelSpec(head_dim=128, softcap=True), registry.REGISTRY["fwd_d128_bf16_long_split"]):
         assert pick(spec, 1, 4096, 4096, 8) == spec
     # e4m3 (fa3gen.fp8_ops's dispatch): the registry's not-causal kernels have twins too
     assert pick(registry.REGISTRY["fwd_d128_e4m3_long"], 1, 4096, 4096, 8) == registry.REGISTRY["fwd_d128_e4m3_long_split"]

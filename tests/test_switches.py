@@ -413,6 +413,7 @@ def test_kv_multicast_refusals(fields, why):
 
 
 @pytest.mark.parametrize("fields", [dict(head_dim=128, block_m=192, intra_wg_overlap=False), dict(head_dim=128),
+                                    dict(head_dim=128, causal=True, scheduler="static"),
                                     dict(head_dim=256, epilogue="tma_v"), dict(head_dim=128, dtype="e4m3"),
                                     dict(head_dim=64, block_m=256, block_n=64, v_transpose_in_kernel=False)],
                          ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
@@ -434,7 +435,7 @@ def test_split_tail_render(fields):
     assert "constexpr int kWorkspaceBytes = kSplitTailWorkspaceBytes;" in code and "a->workspace,\n" in code
     assert "dim3 grid(static_cast<unsigned>(sm_count <= kSplitTailMaxCtas ? sm_count" in code
     # the producer's loads (and its Q a tile ahead) and the consumers' loop (chained: this tile's and the next's) take the piece
-    assert code.count("tile_key_blocks(scheduler, ") == 1 + on.loads_q_a_tile_ahead + 1 + on.inter_tile_overlap
+    assert code.count("tile_key_blocks(p, scheduler, ") == 1 + on.loads_q_a_tile_ahead + 1 + on.inter_tile_overlap
     assert "key_block_range(p, t.m_block)" not in code.split("__device__ __forceinline__ void produce(")[1].split("#if")[0]
     assert code.count("if (merge_split_tile(p, scheduler, tile, softmax, o_rows, ") == 1
     assert ("descale.v_unit, mma_thread)" in code) == on.is_fp8
@@ -444,8 +445,8 @@ def test_split_tail_render(fields):
 
 
 @pytest.mark.parametrize("fields, why", [
-    (dict(causal=True), "every tile to see every key block"),
-    (dict(window=True), "every tile to see every key block"),
+    (dict(causal=True), 'scheduler="static"'),
+    (dict(window=True, scheduler="static"), "no window or block_sparse"),
     (dict(scheduler="lpt"), 'scheduler="static"'),
     (dict(scheduler="grid"), 'scheduler="static"'),
     (dict(kv_multicast=True), "kv_multicast=False"),

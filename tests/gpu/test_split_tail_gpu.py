@@ -1,5 +1,8 @@
 """split_tail on the GPU: the last wave's tiles cut along the keys and merged, against float64.
 
+Causal kernels too: sq <= sk aligns the diagonal bottom-right, so a share past a tile's last
+visible key block is an empty piece, which hands its owner an empty partial (or is the owner's).
+
 Each shape leaves a partial wave (or fewer tiles than SMs) with enough key blocks to split, so
 tiles run in pieces on several CTAs, whose owner merges them: many pieces per tile (a few tiles
 over every SM), shares of one key block or none (fewer key blocks than CTAs), a ragged last key
@@ -41,8 +44,13 @@ REGISTRY = fa3gen.registry.REGISTRY
 SPECS = [_split(REGISTRY[name]) for name in ("fwd_d128_bf16_long", "fwd_d128_fp16_long", "fwd_d128_bf16_short",
                                              "fwd_d64_fp16", "fwd_d64_bf16_short", "fwd_d256_bf16")]
 SPECS += [fa3gen.KernelSpec(head_dim=128, inter_tile_overlap=False, programmatic_launch=False, split_tail=True)]
+# Causal twins (static schedule; a share past a tile's last visible block is an empty piece): one Q
+# buffer with Q in registers, four warpgroups trimmed per warpgroup, hdim 256 on 80-key blocks.
+SPECS += [REGISTRY[name] for name in ("fwd_d128_bf16_causal_split", "fwd_d64_bf16_causal_short_split",
+                                      "fwd_d256_fp16_causal_split")]
 # Three warpgroups in the serial loop; chained pingpong tiles with lazy rescale (O's V unit moves).
-FP8_SPECS = [_split(REGISTRY["fwd_d128_e4m3_long"]), _split(REGISTRY["fwd_d256_e4m3"])]
+FP8_SPECS = [_split(REGISTRY["fwd_d128_e4m3_long"]), _split(REGISTRY["fwd_d256_e4m3"]),
+             REGISTRY["fwd_d128_e4m3_causal_short_split"], REGISTRY["fwd_d256_e4m3_causal_split"]]
 # (batch, seqlen_q, seqlen_k, nheads_q, nheads_kv): 44 tiles of 192 rows over 132 CTAs; 5 whole
 # waves and 44 split tiles; 16 tiles of 40 key blocks; one tile of 6 key blocks (shares of one
 # block or none); sq = 1; a partial wave of 113-row heads.
@@ -78,7 +86,7 @@ def test_split_tail_fp8_matches_dequantized_reference(spec):
         for rerun in range(2):
             seed = 300 + 10 * i + 5 * rerun
             q, k, v = (ramped(b, s, h, spec.head_dim, seed + j) for j, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
-            check_fp8(fp8.prepare(q, k, v, "block", hadamard=True, seed=i), False, kernel=kernel)
+            check_fp8(fp8.prepare(q, k, v, "block", hadamard=True, seed=i), spec.causal, kernel=kernel)
 
 
 def test_the_op_takes_the_twin_for_small_problems():
@@ -89,17 +97,18 @@ def test_the_op_takes_the_twin_for_small_problems():
     from fa3gen.reference import attention_reference
 
     gen = torch.Generator(device="cuda").manual_seed(5)
-    for b, sq, sk, h, d, split in [(1, 4096, 4096, 8, 128, True), (4, 128, 16384, 8, 128, True),
-                                   (1, 4096, 4096, 2, 256, True), (1, 8192, 8192, 8, 64, True),
-                                   (4, 4096, 4096, 16, 128, False), (2, 1024, 1024, 8, 128, False)]:
+    for b, sq, sk, h, d, split, causal in [(1, 4096, 4096, 8, 128, True, False), (4, 128, 16384, 8, 128, True, False),
+                                           (1, 4096, 4096, 2, 256, True, False), (1, 8192, 8192, 8, 64, True, False),
+                                           (4, 4096, 4096, 16, 128, False, False), (2, 1024, 1024, 8, 128, False, False),
+                                           (4, 128, 16384, 8, 128, True, True), (4, 4096, 4096, 16, 128, False, True)]:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         k, v = (torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         out = torch.full_like(q, float("nan"))
         lse = torch.full((b, h, sq), float("nan"), device="cuda")
-        kernel, _ = ops._launch(q, k, v, out, lse, d ** -0.5, False)
+        kernel, _ = ops._launch(q, k, v, out, lse, d ** -0.5, causal)
         torch.cuda.synchronize()
-        assert kernel.spec.split_tail is split, (b, sq, sk, h, d, kernel.spec.name)
-        ref, ref_lse = attention_reference(q, k, v, d ** -0.5, False)
+        assert kernel.spec.split_tail is split and kernel.spec.causal is causal, (b, sq, sk, h, d, kernel.spec.name)
+        ref, ref_lse = attention_reference(q, k, v, d ** -0.5, causal)
         check_poisoned_outputs(out, lse, ref, ref_lse, 8e-3, 1e-3, f"{kernel.spec.name} {(b, sq, sk, h, d)}")
 
 
@@ -108,13 +117,15 @@ def test_the_fp8_op_takes_the_twin_for_small_problems():
     splits, the kernel itself for the FA3 grid's; either matches the dequantized inputs' float64."""
     from fa3gen import fp8_ops
 
-    for i, (b, sq, sk, h, d, split) in enumerate([(1, 4096, 4096, 8, 128, True), (4, 128, 16384, 8, 128, True),
-                                                  (1, 4096, 4096, 2, 256, True), (2, 1024, 1024, 8, 128, False)]):
+    for i, (b, sq, sk, h, d, split, causal) in enumerate([
+            (1, 4096, 4096, 8, 128, True, False), (4, 128, 16384, 8, 128, True, False),
+            (1, 4096, 4096, 2, 256, True, False), (2, 1024, 1024, 8, 128, False, False),
+            (4, 128, 16384, 8, 128, True, True), (2, 128, 8192, 8, 256, True, True)]):
         q, k, v = (ramped(b, s, h, d, 400 + 10 * i + j) for j, s in enumerate((sq, sk, sk)))
         inputs = fp8.prepare(q, k, v, "block", hadamard=True, seed=i)
-        kernel = fp8_ops._checked_kernel(inputs, "bf16", False, False)
+        kernel = fp8_ops._checked_kernel(inputs, "bf16", causal, False)
         assert kernel.spec.split_tail is split, (b, sq, sk, h, d, kernel.spec.name)
-        check_fp8(inputs, False)
+        check_fp8(inputs, causal)
 
 
 def test_split_tail_fp8_v_transposed_in_kernel():
