@@ -1272,6 +1272,10 @@ class KernelSpec(BaseModel):
             )
         if self.pingpong and nwg != 2:
             raise ValueError(f"pingpong needs num_consumer_warpgroups=2, got {nwg}")
+        if self.bias_staging and nwg > 3:
+            # One named barrier per warpgroup after the epilogue's (ids 2 + nwg ..): CUTLASS's user ids stop at 7.
+            raise ValueError(f"bias_staging needs at most three consumer warpgroups (their staged-bias barriers must "
+                             f"fit CUTLASS's eight named-barrier ids), got {nwg}")
         if self.inter_tile_overlap:
             self._check_inter_tile_overlap()
         if self.pin_pv_wait and not self.intra_wg_overlap:

@@ -444,6 +444,13 @@ def test_split_tail_render(fields):
         assert text not in plain, text
 
 
+def test_bias_staging_refuses_four_warpgroups():
+    """Four warpgroups' staged-bias barriers would take named-barrier ids 6-9, past CUTLASS's 0-7."""
+    with pytest.raises(ValidationError, match="bias_staging needs at most three consumer warpgroups"):
+        KernelSpec(head_dim=64, block_m=256, block_n=64, bias=True, bias_staging=True)
+    assert KernelSpec(head_dim=64, block_m=192, bias=True, bias_staging=True).bias_staging
+
+
 @pytest.mark.parametrize("fields, why", [
     (dict(causal=True), 'scheduler="static"'),
     (dict(window=True, scheduler="static"), "no window or block_sparse"),
