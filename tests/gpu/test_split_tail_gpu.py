@@ -51,6 +51,10 @@ SPECS += [REGISTRY[name] for name in ("fwd_d128_bf16_causal_split", "fwd_d64_bf1
 # Three warpgroups in the serial loop; chained pingpong tiles with lazy rescale (O's V unit moves).
 FP8_SPECS = [_split(REGISTRY["fwd_d128_e4m3_long"]), _split(REGISTRY["fwd_d256_e4m3"]),
              REGISTRY["fwd_d128_e4m3_causal_short_split"], REGISTRY["fwd_d256_e4m3_causal_split"]]
+# Every other e4m3 twin: 128 x 192 pingpong (hdim 64 and 128, causal with Q in registers), hdim 64
+# 192 x 128 overlapped and serial, causal trimmed on three stages and untrimmed.
+FP8_SPECS += [REGISTRY[f"fwd_d{d}_e4m3{c}_split"] for d in (64, 128) for c in ("", "_causal")]
+FP8_SPECS += [REGISTRY[f"fwd_d64_e4m3{b}_split"] for b in ("_short", "_long", "_causal_short", "_causal_long")]
 # (batch, seqlen_q, seqlen_k, nheads_q, nheads_kv): 44 tiles of 192 rows over 132 CTAs; 5 whole
 # waves and 44 split tiles; 16 tiles of 40 key blocks; one tile of 6 key blocks (shares of one
 # block or none); sq = 1; a partial wave of 113-row heads.
