@@ -305,12 +305,14 @@ def _split_twin_for(kernel: Any, batch: int, seqlen_q: int, nheads: int, seqlen_
     wave and the twin splits it (fa3gen.split_tail.splits: a wave or two of tiles), else the
     kernel. The twin's grid is every SM."""
     spec = getattr(kernel, "spec", None)
-    if device.type != "cuda" or not isinstance(spec, KernelSpec) or spec.split_tail or registry.split_twin(spec) is None:
+    if device.type != "cuda" or not isinstance(spec, KernelSpec) or spec.split_tail:
         return kernel
+    # The rule first: it is a few integer operations, and most calls stop there.
     tiles = -(-seqlen_q // spec.block_m) * nheads * batch
-    if not split_tail.splits(tiles, -(-seqlen_k // spec.block_n), _sm_count(device)):
+    if not split_tail.splits(tiles, -(-seqlen_k // spec.block_n), _sm_count(device)) \
+            or registry.split_twin(spec) is None:
         return kernel
-    key = ("split", spec.content_hash)
+    key = ("split", spec)
     twin = _KERNELS.get(key)
     return twin if twin is not None else _compile_memoized(key, "split_twin", (spec,))
 

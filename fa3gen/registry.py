@@ -155,24 +155,6 @@ def _bucket_fields(tiers: SeqlenTiers | None, bucket: str | None) -> dict[str, A
     return next((fields for name, _, fields in tiers or () if name == bucket), {})
 
 
-# Split twins: each forward kernel with split_tail (causal ones on the static schedule), which the
-# dispatchers take only for the problems fa3gen.split_tail.splits (a wave or two of tiles: a
-# small batch, few heads, few queries over many keys: decoding from a KV cache). The split code
-# costs a kernel 2-5% where it does not split, so the kernels themselves stay as they are for every
-# other problem.
-SPLIT_TWIN_SUFFIX = "_split"
-
-
-def _split_twins() -> dict[str, KernelSpec]:
-    return {name + SPLIT_TWIN_SUFFIX: KernelSpec(**{**spec.model_dump(exclude_unset=True), "split_tail": True,
-                                                    "scheduler": "static"})
-            for name, spec in REGISTRY.items()
-            if spec.kind == "fwd" and not spec.split_tail}
-
-
-REGISTRY.update(_split_twins())
-
-
 # FP8 forward kernels (e4m3 in, bf16 out) of the head dims the FA3 paper measures.
 REGISTRY.update({
     _registry_name(d, "e4m3", causal): KernelSpec(head_dim=d, dtype="e4m3", causal=causal)
@@ -213,7 +195,20 @@ FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
 }
 
 REGISTRY.update(_bucket_specs(FP8_SEQLEN_TILES, ("e4m3",)))
-REGISTRY.update(_split_twins())  # the e4m3 kernels'
+
+# Split twins: each forward kernel with split_tail (causal ones on the static schedule), which the
+# dispatchers take only for the problems fa3gen.split_tail.splits (a wave or two of tiles: a
+# small batch, few heads, few queries over many keys: decoding from a KV cache). The split code
+# costs a kernel 2-5% where it does not split, so the kernels themselves stay as they are for every
+# other problem. _SPLIT_TWIN_OF finds a kernel's twin in one hash lookup: the dispatch asks on
+# every forward call.
+SPLIT_TWIN_SUFFIX = "_split"
+_SPLIT_TWIN_OF: dict[KernelSpec, KernelSpec] = {
+    spec: KernelSpec(**{**spec.model_dump(exclude_unset=True), "split_tail": True, "scheduler": "static"})
+    for spec in REGISTRY.values() if spec.kind == "fwd"
+}
+REGISTRY.update({name + SPLIT_TWIN_SUFFIX: _SPLIT_TWIN_OF[spec] for name, spec in list(REGISTRY.items())
+                 if spec.kind == "fwd"})
 
 
 def fp8_seqlen_bucket(head_dim: int, head_dim_v: int, causal: bool, window: bool, v_transpose_in_kernel: bool,
@@ -326,8 +321,7 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
 
 def split_twin(spec: KernelSpec) -> KernelSpec | None:
     """The registry's split twin of a forward spec (SPLIT_TWIN_SUFFIX), None where it has none."""
-    name = registry_name(spec)
-    return REGISTRY.get(name + SPLIT_TWIN_SUFFIX) if name and spec.kind == "fwd" else None  # type: ignore[return-value]
+    return _SPLIT_TWIN_OF.get(spec)
 
 
 def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False,
