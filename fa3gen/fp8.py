@@ -65,6 +65,10 @@ class Quantized:
     # exact, which the lazy-rescale kernels need of V's block scales (fa3gen.fp8_ops dispatches on
     # it). The producer's statement, not checked here (that would read the scales back to the host).
     power_of_two: bool = False
+    # The largest |value| the data may hold (the quantization's target range, fp8.range_factor):
+    # e4m3's 448, or less for Q and K of the scores_f16 kernels, whose fp16 scores need
+    # |q|, |k| <= spec.SCORES_F16_QK_MAX. The producer's statement, like power_of_two.
+    max_abs: float = E4M3_MAX
 
     @property
     def exact_ratios_along_sequence(self) -> bool:
@@ -98,9 +102,20 @@ def _expand_scale(q: Quantized, shape: torch.Size) -> torch.Tensor:
     return rows[..., None]
 
 
-def scales_from_amax(amax: torch.Tensor, power_of_two: bool = False) -> torch.Tensor:
+def range_factor(max_abs: float, power_of_two: bool) -> float:
+    """What e4m3's scales (amax / 448) are multiplied by so that the values stay within max_abs:
+    448 / max_abs, or with power-of-two scales the next power of two up from it (so they stay
+    powers of two). The bound the data then keeps is 448 / range_factor (Quantized.max_abs)."""
+    if not 0 < max_abs <= E4M3_MAX:
+        raise ValueError(f"max_abs must be in (0, {E4M3_MAX:g}], got {max_abs}")
+    ratio = E4M3_MAX / max_abs
+    return float(2 ** math.ceil(math.log2(ratio))) if power_of_two else ratio
+
+
+def scales_from_amax(amax: torch.Tensor, power_of_two: bool = False, max_abs: float = E4M3_MAX) -> torch.Tensor:
     """float32 descales from the largest |value| of each scale's group: amax / 448 (as amax times
-    fp32(1 / 448)), or that rounded up to a power of two. Shared by ``quantize_e4m3`` and the fused prepare kernels."""
+    fp32(1 / 448)), or that rounded up to a power of two, times range_factor(max_abs) when the
+    values must stay within max_abs. Shared by ``quantize_e4m3`` and the fused prepare kernels."""
     # Any scale is exact for an all-zero block; it takes the smallest of the others (1 if all are
     # zero), not 1: a lazy-rescale kernel's O unit moves to any larger V scale, and one from an
     # empty block would force rescales (and shrink the other blocks' ratios) for nothing.
@@ -114,14 +129,16 @@ def scales_from_amax(amax: torch.Tensor, power_of_two: bool = False) -> torch.Te
         # m is 0.5 (exact, where exp2(ceil(log2(scale))) could round the wrong way).
         mantissa, exponent = torch.frexp(scale)
         scale = torch.ldexp(torch.ones_like(scale), torch.where(mantissa == 0.5, exponent - 1, exponent))
-    return scale
+    factor = range_factor(max_abs, power_of_two)
+    return scale if factor == 1.0 else scale * factor
 
 
 def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_size: int = 128,
-                  power_of_two: bool = False) -> Quantized:
+                  power_of_two: bool = False, max_abs: float = E4M3_MAX) -> Quantized:
     """Quantizes x (batch, seqlen, nheads, head_dim) to float8_e4m3fn, scaled per `granularity`.
     power_of_two: each scale rounded up to a power of two (e4m3 is floating point, so this costs
-    its values next to no precision, and ratios of scales stay exact)."""
+    its values next to no precision, and ratios of scales stay exact). max_abs: the values stay
+    within it (scales_from_amax; below e4m3's 448 the smallest values turn subnormal sooner)."""
     _check_bshd(x)
     if granularity not in ("tensor", "head", "block"):
         raise ValueError(f"granularity must be 'tensor', 'head' or 'block', got {granularity!r}")
@@ -137,10 +154,11 @@ def quantize_e4m3(x: torch.Tensor, granularity: Granularity = "block", block_siz
         nblocks = math.ceil(s / block_size)
         padded = torch.nn.functional.pad(xf, (0, 0, 0, 0, 0, nblocks * block_size - s))
         amax = padded.view(b, nblocks, block_size, h, d).abs().amax(dim=(2, 4))  # (b, nblocks, h)
-    scale = scales_from_amax(amax, power_of_two)
+    scale = scales_from_amax(amax, power_of_two, max_abs)
     q = Quantized(torch.empty(0), scale, granularity, block_size if granularity == "block" else None)
     data = (xf / _expand_scale(q, xf.shape)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return Quantized(data, scale, granularity, q.block_size, power_of_two=power_of_two)
+    return Quantized(data, scale, granularity, q.block_size, power_of_two=power_of_two,
+                     max_abs=E4M3_MAX / range_factor(max_abs, power_of_two))
 
 
 def padded_keys(seqlen_k: int) -> int:
@@ -213,7 +231,8 @@ def default_block_rows(head_dim: int) -> tuple[int, int]:
 
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Granularity = "block",
             block_size: int | tuple[int, int] | None = None, hadamard: bool = True, seed: int = 0,
-            power_of_two_scales: bool = True, kernel_v_layout: bool = True, fused: bool | None = None) -> Fp8Inputs:
+            power_of_two_scales: bool = True, kernel_v_layout: bool = True, fused: bool | None = None,
+            qk_max_abs: float = E4M3_MAX) -> Fp8Inputs:
     """FP8 inputs for ``fa3gen.fp8_ops.flash_attn_fp8_func`` from 16- or 32-bit q, k, v
     (batch, seqlen, nheads, head_dim): Q and K through the random-sign Hadamard transform (when
     `hadamard`; it leaves Q·Kᵀ unchanged), all three quantized to e4m3 with one scale per tensor,
@@ -233,6 +252,10 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     False keeps V as (batch, seqlen_k, nheads, head_dim_v), for the kernels that transpose it in
     shared memory themselves (``KernelSpec.v_transpose_in_kernel``, which
     ``fa3gen.fp8_ops.flash_attn_fp8_func`` then picks).
+
+    qk_max_abs: Q and K quantized to |x| <= this (``quantize_e4m3``'s max_abs); the scores_f16
+    kernels take only inputs within ``spec.SCORES_F16_QK_MAX`` (16: their fp16 scores stay finite;
+    on the FA3 paper's experiment the RMSE is the same, 8.998e-3 at 448 and at 16, CPU emulation).
 
     fused: run the fused prepare kernels (``fa3gen.fp8_prepare``: Hadamard, amax, cast and V's
     layout in a few memory-bound passes, JIT-compiled like the attention kernels) instead of
@@ -255,14 +278,14 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
         from . import fp8_prepare
 
         seed_or_none = seed if hadamard else None
-        qq, kq = (fp8_prepare.quantize(t, granularity, rows, power_of_two_scales, seed_or_none)
+        qq, kq = (fp8_prepare.quantize(t, granularity, rows, power_of_two_scales, seed_or_none, max_abs=qk_max_abs)
                   for t, rows in ((q, q_rows), (k, kv_rows)))
         vq = fp8_prepare.quantize(v, granularity, kv_rows, power_of_two_scales, kernel_v_layout=kernel_v_layout)
         return Fp8Inputs(qq, kq, vq, int(v.shape[1]), seed_or_none)
     if hadamard:
         q, k = incoherent(q, k, seed)
-    qq, kq, vq = (quantize_e4m3(t, granularity, rows, power_of_two_scales)
-                  for t, rows in ((q, q_rows), (k, kv_rows), (v, kv_rows)))
+    qq, kq, vq = (quantize_e4m3(t, granularity, rows, power_of_two_scales, max_abs)
+                  for t, rows, max_abs in ((q, q_rows, qk_max_abs), (k, kv_rows, qk_max_abs), (v, kv_rows, E4M3_MAX)))
     if kernel_v_layout:
         vq = Quantized(v_kernel_layout(vq.data), vq.scale, vq.granularity, vq.block_size, kernel_v_layout=True,
                        power_of_two=vq.power_of_two)

@@ -22,7 +22,7 @@ import torch
 from fa3gen import ops, registry
 from fa3gen.abi import Descale, FwdParams
 from fa3gen.fp8 import Fp8Inputs, Granularity, Quantized, padded_keys, prepare
-from fa3gen.spec import WGMMA_M, _lazy_rescale_default
+from fa3gen.spec import FP16_MAX, SCORES_F16_QK_MAX, WGMMA_M, _lazy_rescale_default
 from fa3gen.variant_args import VariantArgs
 
 __all__ = ["flash_attn_fp8_func", "fp8_attention"]
@@ -59,6 +59,12 @@ def _seqlen_bucket(inputs: Fp8Inputs, causal: bool, window: bool) -> str | None:
     block_n = registry.fp8_bucket_spec(d, causal, bucket).block_n
     blocked = [x for x in (inputs.k, inputs.v) if x.granularity == "block"]
     return bucket if all((x.block_size or 0) % block_n == 0 for x in blocked) else None
+
+
+def scores_fit_f16(inputs: Fp8Inputs) -> bool:
+    """Whether every score of these inputs is finite in fp16 (a scores_f16 kernel may take them):
+    |q·k| <= head_dim * max|q| * max|k| <= 65504, by the bounds the quantization states."""
+    return inputs.q.data.shape[-1] * inputs.q.max_abs * inputs.k.max_abs <= FP16_MAX
 
 
 def _check_inputs(x: Fp8Inputs) -> None:
@@ -159,6 +165,11 @@ def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: boo
         b, sq, h, _ = inputs.q.data.shape
         kernel = ops._split_twin_for(kernel, b, sq, h, inputs.seqlen_k, inputs.q.data.device)
     spec = kernel.spec
+    if spec.scores_f16 and not scores_fit_f16(inputs):
+        raise ValueError(
+            f"fa3gen: kernel {spec.name} accumulates the scores in fp16 (scores_f16), which needs q and k quantized "
+            f"to |x| <= {SCORES_F16_QK_MAX:g} (fa3gen.fp8.prepare(..., qk_max_abs={SCORES_F16_QK_MAX:g})); these say |q| <= "
+            f"{inputs.q.max_abs:g}, |k| <= {inputs.k.max_abs:g}: pass a spec with scores_f16=False")
     if spec.v_transpose_in_kernel != transposes_v:
         raise ValueError(f"fa3gen: kernel {spec.name} takes V " + (
             "as (batch, seqlen_k, nheads_kv, head_dim_v) and transposes it itself, but v is in the kernel layout "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import abi, ops
-from .fp8 import Granularity, Quantized, padded_keys, random_signs
+from .fp8 import E4M3_MAX, Granularity, Quantized, padded_keys, random_signs, range_factor
 from .prepare_spec import LANES, MAX_HEAD_DIM, Fp8PrepareSpec
 
 AMAX_ROWS = 256  # rows of one amax block when the scale is per (batch, head) or per tensor
@@ -84,10 +84,11 @@ class LaunchPlan:
     cast_entry: str
     amax: torch.Tensor
     out: Quantized
+    range_factor: float = 1.0  # the scales kernel's e4m3 scales times this before the cast (fp8.range_factor)
 
 
 def plan(x: torch.Tensor, granularity: Granularity, block_rows: int, power_of_two: bool,
-         signs: torch.Tensor | None, kernel_v_layout: bool) -> LaunchPlan:
+         signs: torch.Tensor | None, kernel_v_layout: bool, max_abs: float = E4M3_MAX) -> LaunchPlan:
     """The launches of ``quantize`` with their buffers allocated beside x (host logic only)."""
     if granularity not in abi.FP8_SCALE_GRANULARITY:
         raise ValueError(f"granularity must be 'tensor', 'head' or 'block', got {granularity!r}")
@@ -120,24 +121,27 @@ def plan(x: torch.Tensor, granularity: Granularity, block_rows: int, power_of_tw
     if not kernel_v_layout:  # the V layout's strides are fixed by its shape
         cast.out_batch_stride, cast.out_row_stride, cast.out_head_stride = out.stride()[:3]
     entry = "fa3gen_fp8_quantize_v_layout" if kernel_v_layout else "fa3gen_fp8_quantize"
+    factor = range_factor(max_abs, power_of_two)
     quantized = Quantized(out, scale, granularity, block_rows if granularity == "block" else None,
-                          kernel_v_layout=kernel_v_layout, power_of_two=power_of_two)
-    return LaunchPlan(reduce, cast, entry, amax, quantized)
+                          kernel_v_layout=kernel_v_layout, power_of_two=power_of_two, max_abs=E4M3_MAX / factor)
+    return LaunchPlan(reduce, cast, entry, amax, quantized, factor)
 
 
 def quantize(x: torch.Tensor, granularity: Granularity, block_rows: int, power_of_two: bool,
-             hadamard_seed: int | None = None, kernel_v_layout: bool = False) -> Quantized:
-    """``fa3gen.fp8.quantize_e4m3(x, granularity, block_rows, power_of_two)`` with the fused
+             hadamard_seed: int | None = None, kernel_v_layout: bool = False, max_abs: float = E4M3_MAX) -> Quantized:
+    """``fa3gen.fp8.quantize_e4m3(x, granularity, block_rows, power_of_two, max_abs)`` with the fused
     kernels, of x times the random-sign Hadamard of `hadamard_seed` (None: x as it is), the result
     in the e4m3 kernel's V layout when `kernel_v_layout` (``fa3gen.fp8.v_kernel_layout``).
     The caller checks ``unsupported_reason(x)`` first."""
     kernel = kernel_for(x)
     signs = _signs(x.shape[-1], hadamard_seed, x.device) if hadamard_seed is not None else None
-    launches = plan(x, granularity, block_rows, power_of_two, signs, kernel_v_layout)
+    launches = plan(x, granularity, block_rows, power_of_two, signs, kernel_v_layout, max_abs)
     # Launches go to the current device: switch only when x is elsewhere (the guard costs).
     with torch.cuda.device(x.device) if x.device.index != torch.cuda.current_device() else contextlib.nullcontext():
         stream = torch.cuda.current_stream(x.device).cuda_stream
         kernel.fp8_prepare("fa3gen_fp8_amax", launches.reduce, stream)
         kernel.fp8_prepare("fa3gen_fp8_scales", launches.reduce, stream)
+        if launches.range_factor != 1.0:  # as scales_from_amax: e4m3's scales times the factor, in fp32
+            launches.out.scale.mul_(launches.range_factor)
         kernel.fp8_prepare(launches.cast_entry, launches.cast, stream)
     return launches.out

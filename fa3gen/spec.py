@@ -164,6 +164,11 @@ LAZY_RESCALE_LOG2 = 8
 # that a stale max's probabilities, up to 2^FP8_LAZY_RESCALE_LOG2, stay within e4m3 (max 448).
 # Emulated on the CPU (BENCHMARKS.md, P's scale), a factor of 32 instead of 256 costs < 0.04% RMSE.
 FP8_PROB_LOG2_SCALE = 8
+# scores_f16 kernels take Q and K quantized to |x| <= this (a power of two): then every score
+# |q·k| <= head_dim * 16^2 (32768 at hdim 128) is finite in fp16. Values below 2^-10 of it are
+# e4m3 subnormals, each off by at most 2^-14 of it: under the rounding of the values that matter.
+SCORES_F16_QK_MAX = 16.0
+FP16_MAX = 65504.0
 FP8_LAZY_RESCALE_LOG2 = 2
 # ... and O keeps its V unit while the key blocks' V scales stay within a factor 2^this below it,
 # each block's ratio going into its P: P's effective factor stays within (2^(8 - 2 - 2), 2^(8 - 2)]
@@ -533,6 +538,8 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "bias_staging": lambda f: False,
     "kv_multicast": lambda f: False,
     "split_tail": lambda f: False,
+    "scores_f16": lambda f: False,
+    "exp2_poly_every": lambda f: 0,
 }
 
 # The fields a forward and its backward share: the problem and its variants, not the tiles.
@@ -843,6 +850,19 @@ class KernelSpec(BaseModel):
     # tile's blocks must start at the first (_split_tail_blockers). Off unless set (the registry's
     # split twins set it).
     split_tail: bool = False
+    # e4m3: S = Q·Kᵀ accumulates in fp16, and the softmax's row max and exp2 argument run on fp16
+    # pairs (HMNMX2, HFMA2: one instruction for two scores where fp32 takes two), the exp2 as fp16
+    # and P cast to e4m3 from fp16 pairs. The fp8 key-block loop is bound by its issue slots and
+    # the MUFU, not by the GEMMs (BENCHMARKS.md, the ncu note of the FP8 sections). Needs Q and K
+    # quantized to |x| <= SCORES_F16_QK_MAX, so |S| <= head_dim * 16 * 16 stays finite in fp16
+    # (fa3gen.fp8.prepare(qk_max_abs=16) quantizes them so; fa3gen.fp8_ops runs such a kernel only
+    # on inputs that say so), the row sums on the tensor cores and the eager rescale (_scores_f16_blockers).
+    # Off unless set.
+    scores_f16: bool = False
+    # With scores_f16: every n-th pair of a row's scores takes its exp2 from a degree-2 polynomial
+    # on the FMA pipe (nine instructions a pair) instead of the MUFU (two ops a pair), which the
+    # fp8 loop keeps as busy as the tensor cores. 0: all on the MUFU.
+    exp2_poly_every: int = Field(default=0, ge=0, le=64)
     # Block sparsity for a mask_mod: before the first launch for a problem (shapes and param
     # values), a generated kernel classifies each (query block, key block) pair as empty, partial or
     # full, reduced per tile to the blocks it visits and the longest run of full ones: a forward
@@ -1103,6 +1123,18 @@ class KernelSpec(BaseModel):
             why.append("kv_multicast=False (a cluster's two CTAs load the same key blocks)")
         return why
 
+    def _scores_f16_blockers(self) -> list[str]:
+        """Why scores_f16 cannot apply to this forward spec (empty: it can)."""
+        why = []
+        if not self.is_fp8:
+            why.append('dtype="e4m3" (16-bit inputs\' scores need fp32: their products are not bounded)')
+        if self.lazy_rescale or not self.row_sums_mma:
+            why.append("lazy_rescale=False and row_sums_mma=True (the row sums of fp16 P on the tensor cores, "
+                       "in fp32)")
+        if self.head_dim * SCORES_F16_QK_MAX**2 > FP16_MAX:
+            why.append(f"head_dim * {SCORES_F16_QK_MAX:g}^2 <= {FP16_MAX:g}")
+        return why
+
     def _check_narrow_edge_block(self) -> None:
         why = []
         if not self.keys_bounded_right:
@@ -1153,7 +1185,9 @@ class KernelSpec(BaseModel):
                                           ("epilogue", self.epilogue != "direct"),
                                           ("q_buffers", self.q_buffers != 1),
                                           ("kv_multicast", self.kv_multicast),
-                                          ("split_tail", self.split_tail)) if on]
+                                          ("split_tail", self.split_tail),
+                                          ("scores_f16", self.scores_f16),
+                                          ("exp2_poly_every", self.exp2_poly_every)) if on]
         if fwd_only:
             raise ValueError(f"{', '.join(fwd_only)} apply to forward kernels only; leave them unset for kind='bwd'")
         if not self.causal and self.causal_group != BWD_CAUSAL_GROUP_DEFAULT:
@@ -1293,6 +1327,10 @@ class KernelSpec(BaseModel):
             raise ValueError("kv_multicast needs " + "; ".join(blockers))
         if self.split_tail and (blockers := self._split_tail_blockers()):
             raise ValueError("split_tail needs " + "; ".join(blockers))
+        if self.scores_f16 and (blockers := self._scores_f16_blockers()):
+            raise ValueError("scores_f16 needs " + "; ".join(blockers))
+        if self.exp2_poly_every and not self.scores_f16:
+            raise ValueError("exp2_poly_every computes fp16 pairs' exp2: it needs scores_f16=True")
         if self.epilogue == "tma_v":
             self._check_o_in_v()
         smem = self.smem_bytes
@@ -1540,6 +1578,8 @@ class KernelSpec(BaseModel):
         sched += "_bsp" if self.block_sparse else ""
         sched += "_mc2" if self.kv_multicast else ""
         sched += "_st" if self.split_tail else ""
+        sched += "_sh" if self.scores_f16 else ""
+        sched += f"_pe{self.exp2_poly_every}" if self.exp2_poly_every else ""
         sched += f"_p{self.producer_registers}" if self.producer_registers is not None else ""  # bwd: below
         if self.kind == "bwd":
             sched = ("_det" if self.deterministic else "") + ("" if self.scheduler == "grid" else f"_{self.scheduler}")

@@ -1,7 +1,9 @@
 // Online softmax over the rows a thread holds of one warpgroup's score tile, in fp32 with exp2.
 // Each row lives in the 4 threads of a quad, so row reductions are two xor-shuffles.
 #pragma once
+#include <cuda_fp16.h>
 #include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
 #include <math_constants.h>
 
 namespace fa3gen {
@@ -11,6 +13,30 @@ using namespace cute;
 __device__ __forceinline__ float quad_allreduce_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+
+// exp2 of an fp16 pair: two fp16 MUFU ops (cuda_fp16's h2exp2 goes through fp32 and back).
+__device__ __forceinline__ __half2 exp2_pair(__half2 x) {
+  uint32_t y;
+  asm("ex2.approx.f16x2 %0, %1;" : "=r"(y) : "r"(reinterpret_cast<uint32_t const&>(x)));
+  return reinterpret_cast<__half2 const&>(y);
+}
+
+// exp2 of an fp16 pair on the FMA pipe instead of the MUFU (which the fp8 loop keeps as busy as
+// the tensor cores): 2^x = 2^n * 2^f with n = round(x), f in [-0.5, 0.5], 2^f by a degree-2
+// minimax polynomial (relative error 2.3e-3 with fp16 coefficients, e4m3's P keeps 3 bits), 2^n
+// built from the bits of x + 1551: 1551 = 1536 + 15 has ulp 1, so its low mantissa bits end up
+// holding 15 + n, the exponent field of 2^n. x is clamped at -14 (2^-14 is far below e4m3's
+// smallest P), which keeps 15 + n in 1..24. Nine instructions for two exp2.
+__device__ __forceinline__ __half2 exp2_pair_poly(__half2 x) {
+  x = __hmax2(x, __float2half2_rn(-14.f));
+  __half2 const magic = __float2half2_rn(1551.f);
+  __half2 const t = __hadd2(x, magic);
+  __half2 const f = __hsub2(x, __hsub2(t, magic));
+  __half2 const p = __hfma2(__hfma2(f, __float2half2_rn(0.23842894f), __float2half2_rn(0.70344801f)), f,
+                            __float2half2_rn(1.0f));
+  uint32_t const scale = (reinterpret_cast<uint32_t const&>(t) << 10) & 0xFC00FC00u;  // 2^n in each half
+  return __hmul2(p, reinterpret_cast<__half2 const&>(scale));
 }
 
 __device__ __forceinline__ float quad_allreduce_sum(float x) {
@@ -32,8 +58,16 @@ __device__ __forceinline__ float quad_allreduce_sum(float x) {
 // kThreadSums false (row sums on the tensor cores): the kernel sums each block's P rows as P·1
 // beside P·V and adds them in (add_row_sums); update leaves row_sum alone, saving an FADD a score,
 // and row_sum holds whole rows' sums, rescaled with O (rescale_row_sums).
-template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1, int kChains = 1, bool kThreadSums = true>
+// kHalfScores (scores_f16, with the sums on the tensor cores and the eager rescale): S is fp16, and
+// the max and the exp2 run on pairs of adjacent columns (one instruction for two scores). The
+// exp2's offset is then an fp16 value; the running max is kept at the one whose offset that value
+// is exactly (snapped), so O's rescale, the split-tile merge and the LSE use the offset P had.
+// kExp2PolyEvery > 0 (with kHalfScores): every kExp2PolyEvery-th pair of a row takes its exp2 from
+// exp2_pair_poly, the others from the MUFU.
+template <int kRows, int kProbLog2Scale = 0, int kLazyRescaleLog2 = -1, int kChains = 1, bool kThreadSums = true,
+          bool kHalfScores = false, int kExp2PolyEvery = 0>
 struct OnlineSoftmax {
+  static_assert(!kHalfScores || (kLazyRescaleLog2 < 0 && !kThreadSums && kChains == 1));
   float row_max[kRows];  // running max of raw scores; -inf until a row sees a visible key
   float row_sum[kRows];  // this thread's partial sum of exp(scale * (s - row_max)) (without kThreadSums: the row's)
   float scale_log2;      // softmax_scale * log2(e): exp(scale * x) == exp2(scale_log2 * x)
@@ -51,6 +85,10 @@ struct OnlineSoftmax {
   template <class TensorS>
   __device__ __forceinline__ bool update(TensorS& s, float (&rescale)[kRows], float block_scale = 1.f) {
     static_assert(decltype(size<0>(s))::value == kRows);
+    if constexpr (kHalfScores) {
+      update_pairs(s, rescale, block_scale);
+      return true;
+    }
     float block_max[kRows];
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -91,6 +129,41 @@ struct OnlineSoftmax {
       }
     }
     return raise;
+  }
+
+  // kHalfScores: update on fp16 scores, two adjacent columns (one 32-bit register) at a time.
+  template <class TensorS>
+  __device__ __forceinline__ void update_pairs(TensorS& s, float (&rescale)[kRows], float block_scale) {
+    static_assert(cute::is_same_v<typename TensorS::value_type, cutlass::half_t>);
+    constexpr int kPairs = decltype(size<1>(s))::value / 2;
+    static_assert(kPairs * 2 == decltype(size<1>(s))::value);
+    // Columns 2j and 2j + 1 of a row are adjacent halves of one accumulator register.
+    auto pair = [&](int r, int j) -> __half2& { return *reinterpret_cast<__half2*>(&s(r, 2 * j)); };
+    float block_max[kRows];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      __half2 m = pair(r, 0);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 1; j < kPairs; ++j) { m = __hmax2(m, pair(r, j)); }
+      block_max[r] = quad_allreduce_max(fmaxf(__low2float(m), __high2float(m))) * block_scale;
+    }
+    __half2 const factor = __float2half2_rn(scale_log2 * block_scale);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float new_max = fmaxf(row_max[r], block_max[r]);
+      // The exp2's offset as fp16, and the max snapped to it (unchanged if the max holds).
+      float const offset = new_max == -CUDART_INF_F ? -float(kProbLog2Scale)
+                                                      : __half2float(__float2half_rn(new_max * scale_log2 - float(kProbLog2Scale)));
+      if (new_max != -CUDART_INF_F && scale_log2 != 0.f) { new_max = __fdividef(offset + float(kProbLog2Scale), scale_log2); }
+      rescale[r] = row_max[r] == -CUDART_INF_F ? 0.f : exp2f((row_max[r] - new_max) * scale_log2);
+      row_max[r] = new_max;
+      __half2 const neg_offset = __float2half2_rn(-offset);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kPairs; ++j) {
+        __half2 const x = __hfma2(pair(r, j), factor, neg_offset);
+        pair(r, j) = kExp2PolyEvery > 0 && j % kExp2PolyEvery == kExp2PolyEvery - 1 ? exp2_pair_poly(x) : exp2_pair(x);
+      }
+    }
   }
 
   template <class TensorO>

@@ -102,7 +102,8 @@ __device__ __forceinline__ constexpr auto fp8_a_operand_layout(TensorAcc const&)
 
 template <class To, class TensorAcc, class TensorA>
 __device__ __forceinline__ void convert_to_fp8_a_operand(TensorAcc const& acc, TensorA& a) {
-  cutlass::NumericArrayConverter<To, float, 4> convert;
+  using From = typename TensorAcc::value_type;  // fp32, or fp16 (scores_f16)
+  cutlass::NumericArrayConverter<To, From, 4> convert;
   CUTLASS_PRAGMA_UNROLL
   for (int m = 0; m < size<1>(a); ++m) {
     CUTLASS_PRAGMA_UNROLL
@@ -111,7 +112,7 @@ __device__ __forceinline__ void convert_to_fp8_a_operand(TensorAcc const& acc, T
       for (int half = 0; half < 2; ++half) {
         CUTLASS_PRAGMA_UNROLL
         for (int row = 0; row < 2; ++row) {
-          cutlass::Array<float, 4> x;
+          cutlass::Array<From, 4> x;
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < 4; ++i) { x[i] = acc(make_coord(i & 1, row, 4 * slab + 2 * half + (i >> 1)), m, 0); }
           // The four slots of one (row, half) are one 32-bit register of the A fragment.

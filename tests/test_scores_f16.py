@@ -1,0 +1,101 @@
+"""scores_f16 (e4m3 scores in fp16, the softmax on fp16 pairs) and the Q/K range it needs, on the CPU:
+spec validation, rendering, the quantization's bound, and the fp8 op's refusal of inputs that
+could overflow fp16 scores. tests/test_compile_real.py compiles one with nvcc."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa3gen
+from fa3gen import fp8, fp8_ops, registry
+from fa3gen.spec import FP16_MAX, SCORES_F16_QK_MAX, KernelSpec
+
+PLAIN = registry.REGISTRY["fwd_d128_e4m3_long"]
+LONG = KernelSpec(**{**PLAIN.model_dump(exclude_unset=True), "scores_f16": True, "exp2_poly_every": 8})
+
+
+def with_fields(spec: KernelSpec, **fields) -> KernelSpec:
+    return KernelSpec(**{**spec.model_dump(exclude_unset=True), **fields})
+
+
+def test_scores_f16_spec_and_name():
+    assert LONG.scores_f16 and LONG.exp2_poly_every == 8
+    assert not PLAIN.scores_f16 and not PLAIN.exp2_poly_every
+    assert with_fields(PLAIN, scores_f16=True).name == PLAIN.name + "_sh"
+    assert LONG.name == PLAIN.name + "_sh_pe8"
+    # Left out of the canonical JSON at their defaults: the other kernels' sources and keys keep.
+    assert "scores_f16" not in PLAIN.canonical_json() and "exp2_poly_every" not in PLAIN.canonical_json()
+    assert KernelSpec.from_json(LONG.canonical_json()) == LONG
+
+
+def test_registry_kernels_keep_fp32_scores():
+    """scores_f16 is opt-in: no registry kernel has it (prepare's default Q and K range is e4m3's)."""
+    assert not any(s.scores_f16 for s in registry.REGISTRY.values())
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"head_dim": 128, "scores_f16": True}, r"dtype=\"e4m3\""),
+    ({"head_dim": 128, "dtype": "e4m3", "scores_f16": True, "lazy_rescale": True}, "lazy_rescale=False"),
+    ({"head_dim": 128, "dtype": "e4m3", "scores_f16": True, "row_sums_mma": False}, "row_sums_mma=True"),
+    ({"head_dim": 256, "dtype": "e4m3", "scores_f16": True, "lazy_rescale": False}, r"head_dim \* 16\^2"),
+    ({"head_dim": 128, "dtype": "e4m3", "exp2_poly_every": 4}, "needs scores_f16=True"),
+    ({"head_dim": 128, "dtype": "e4m3", "scores_f16": True, "exp2_poly_every": -1}, "greater than or equal"),
+])
+def test_scores_f16_rejections(fields, expected):
+    with pytest.raises(ValueError, match=expected):
+        KernelSpec(**fields)
+
+
+def test_render_scores_f16():
+    src = fa3gen.render(LONG)
+    assert "ss_op_selector<Element, Element, cutlass::half_t, TileQK>" in src
+    assert "/*kHalfScores=*/true, /*kExp2PolyEvery=*/8>" in src
+    plain = fa3gen.render(PLAIN)
+    assert "ss_op_selector<Element, Element, float, TileQK>" in plain and "kHalfScores" not in plain
+
+
+def test_the_bound_keeps_every_score_finite_in_fp16():
+    assert 128 * SCORES_F16_QK_MAX**2 <= FP16_MAX < 256 * SCORES_F16_QK_MAX**2
+
+
+@pytest.mark.parametrize("power_of_two", [False, True])
+@pytest.mark.parametrize("max_abs", [16.0, 5.0, fp8.E4M3_MAX])
+def test_quantize_keeps_to_max_abs(power_of_two, max_abs):
+    x = torch.randn(2, 300, 3, 64) * torch.linspace(0.1, 30.0, 300)[None, :, None, None]
+    q = fp8.quantize_e4m3(x, "block", 128, power_of_two, max_abs)
+    assert q.max_abs <= max_abs and float(q.data.float().abs().amax()) <= q.max_abs
+    # the largest value of each block reaches at least half the bound (power-of-two scales round up by < 2)
+    assert float(q.data.float().abs().amax()) > q.max_abs / 2
+    if power_of_two:
+        mantissa, _ = torch.frexp(q.scale)
+        assert bool((mantissa == 0.5).all())
+    back = q.dequantize()
+    assert float(((back - x).abs() / x.abs().amax()).amax()) < 2 ** -4  # e4m3's 3 mantissa bits
+
+
+def test_range_factor_rejects_a_bound_outside_e4m3():
+    for bad in (0.0, -1.0, 449.0):
+        with pytest.raises(ValueError, match="max_abs"):
+            fp8.range_factor(bad, False)
+
+
+def test_prepare_bounds_q_and_k_not_v():
+    q, k, v = (torch.randn(1, 200, 2, 128) for _ in range(3))
+    inputs = fp8.prepare(q, k, v, fused=False, qk_max_abs=SCORES_F16_QK_MAX)
+    assert inputs.q.max_abs <= SCORES_F16_QK_MAX and inputs.k.max_abs <= SCORES_F16_QK_MAX
+    assert inputs.v.max_abs == fp8.E4M3_MAX
+    assert fp8_ops.scores_fit_f16(inputs)
+    assert not fp8_ops.scores_fit_f16(fp8.prepare(q, k, v, fused=False))
+
+
+def test_checked_kernel_refuses_unbounded_inputs_for_a_scores_f16_kernel():
+    q, k, v = (torch.randn(1, 200, 2, 128) for _ in range(3))
+    kernel = type("K", (), {"spec": LONG})()
+    bounded = fp8.prepare(q, k, v, fused=False, qk_max_abs=SCORES_F16_QK_MAX)
+    assert fp8_ops._checked_kernel(bounded, "bf16", False, False, kernel) is kernel
+    wide = fp8.prepare(q, k, v, fused=False)
+    with pytest.raises(ValueError, match=r"scores in fp16.*\|q\| <= 448.*scores_f16=False"):
+        fp8_ops._checked_kernel(wide, "bf16", False, False, kernel)
+    plain = type("K", (), {"spec": PLAIN})()
+    assert fp8_ops._checked_kernel(wide, "bf16", False, False, plain) is plain
