@@ -27,6 +27,8 @@ from typing import Literal
 
 import torch
 
+from .spec import FP16_MAX, SCORES_F16_QK_MAX
+
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 INV_E4M3_MAX = 1.0 / E4M3_MAX  # exact in fp32 only after rounding: scales are amax times its fp32 value
 Granularity = Literal["tensor", "head", "block"]
@@ -232,7 +234,7 @@ def default_block_rows(head_dim: int) -> tuple[int, int]:
 def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Granularity = "block",
             block_size: int | tuple[int, int] | None = None, hadamard: bool = True, seed: int = 0,
             power_of_two_scales: bool = True, kernel_v_layout: bool = True, fused: bool | None = None,
-            qk_max_abs: float = E4M3_MAX) -> Fp8Inputs:
+            qk_max_abs: float | None = None) -> Fp8Inputs:
     """FP8 inputs for ``fa3gen.fp8_ops.flash_attn_fp8_func`` from 16- or 32-bit q, k, v
     (batch, seqlen, nheads, head_dim): Q and K through the random-sign Hadamard transform (when
     `hadamard`; it leaves Q·Kᵀ unchanged), all three quantized to e4m3 with one scale per tensor,
@@ -253,9 +255,11 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     shared memory themselves (``KernelSpec.v_transpose_in_kernel``, which
     ``fa3gen.fp8_ops.flash_attn_fp8_func`` then picks).
 
-    qk_max_abs: Q and K quantized to |x| <= this (``quantize_e4m3``'s max_abs); the scores_f16
-    kernels take only inputs within ``spec.SCORES_F16_QK_MAX`` (16: their fp16 scores stay finite;
-    on the FA3 paper's experiment the RMSE is the same, 8.998e-3 at 448 and at 16, CPU emulation).
+    qk_max_abs: Q and K quantized to |x| <= this (``quantize_e4m3``'s max_abs). None:
+    ``spec.SCORES_F16_QK_MAX`` (16) where it keeps every score finite in fp16 (head_dim * 16^2 <=
+    65504: up to hdim 192), the bound the scores_f16 kernels need, at no cost in accuracy (FA3
+    paper's experiment: RMSE 8.998e-3 at 448 and at 16, CPU emulation; 8.978e-3 both on the GPU);
+    at hdim 256 e4m3's 448. Inputs outside the bound take fp32-score kernels.
 
     fused: run the fused prepare kernels (``fa3gen.fp8_prepare``: Hadamard, amax, cast and V's
     layout in a few memory-bound passes, JIT-compiled like the attention kernels) instead of
@@ -266,6 +270,8 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_bshd(t, name)
+    if qk_max_abs is None:
+        qk_max_abs = SCORES_F16_QK_MAX if q.shape[-1] * SCORES_F16_QK_MAX**2 <= FP16_MAX else E4M3_MAX
     if block_size is None:
         q_rows, kv_rows = default_block_rows(q.shape[-1]) if granularity == "block" else (128, 128)
     elif isinstance(block_size, int):

@@ -33,16 +33,17 @@ _FP8 = torch.float8_e4m3fn
 
 def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool,
                 power_of_two_v_scales: bool = True, v_transpose_in_kernel: bool = False,
-                seqlen_bucket: str | None = None):
+                seqlen_bucket: str | None = None, scores_f16_inputs: bool = True):
     """The default e4m3 kernel (registry.default_fp8_spec), memoized; power_of_two_v_scales=False
     (V's block ratios inexact) takes the eager rescale where the default is lazy; seqlen_bucket
-    (registry.fp8_seqlen_bucket) the tiles for that query length."""
+    (registry.fp8_seqlen_bucket) the tiles for that query length; scores_f16_inputs=False (Q and K
+    not within the fp16 scores' bound): fp32 scores where the default has fp16 ones."""
     # The flag picks another kernel only where the default rescales lazily: elsewhere one entry.
     # (Asked only for inexact scales, so the common call does not build the defaults' dict.)
     exact = bool(power_of_two_v_scales) or not _lazy_rescale_default(
         {"dtype": "e4m3", "head_dim_v": int(head_dim_v), "window": bool(window)})
     key = ("e4m3", int(head_dim), int(head_dim_v), out_dtype, bool(causal), bool(window), exact,
-           bool(v_transpose_in_kernel), seqlen_bucket)
+           bool(v_transpose_in_kernel), seqlen_bucket, bool(scores_f16_inputs))
     kern = ops._KERNELS.get(key)
     return kern if kern is not None else ops._compile_memoized(key, "default_fp8_spec", key[1:])
 
@@ -161,14 +162,14 @@ def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: boo
     transposes_v = not inputs.v.kernel_v_layout
     if kernel is None:
         kernel = _kernel_for(d, dv, out_dtype, causal, window, exact_v_ratios, transposes_v,
-                             _seqlen_bucket(inputs, causal, window))
+                             _seqlen_bucket(inputs, causal, window), scores_fit_f16(inputs))
         b, sq, h, _ = inputs.q.data.shape
         kernel = ops._split_twin_for(kernel, b, sq, h, inputs.seqlen_k, inputs.q.data.device)
     spec = kernel.spec
     if spec.scores_f16 and not scores_fit_f16(inputs):
         raise ValueError(
             f"fa3gen: kernel {spec.name} accumulates the scores in fp16 (scores_f16), which needs q and k quantized "
-            f"to |x| <= {SCORES_F16_QK_MAX:g} (fa3gen.fp8.prepare(..., qk_max_abs={SCORES_F16_QK_MAX:g})); these say |q| <= "
+            f"to |x| <= {SCORES_F16_QK_MAX:g} (fa3gen.fp8.prepare's default qk_max_abs); these say |q| <= "
             f"{inputs.q.max_abs:g}, |k| <= {inputs.k.max_abs:g}: pass a spec with scores_f16=False")
     if spec.v_transpose_in_kernel != transposes_v:
         raise ValueError(f"fa3gen: kernel {spec.name} takes V " + (

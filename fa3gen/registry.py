@@ -186,11 +186,19 @@ REGISTRY.update({
 # (Earlier: the 192 x 128 overlap kernel took hdim 64 from the pingpong kernel at every length,
 # s512 323.6 -> 392.4, s16k 505.8 -> 592.4, causal s16k 464.8 -> 531.0.)
 _FP8_TILES_192 = {"block_m": 192, "block_n": 128}
+# Scores in fp16 (scores_f16) where measured faster, for inputs whose Q and K keep to its bound
+# (fa3gen.fp8.prepare's default; default_fp8_spec(scores_f16_inputs=False) drops it): the serial
+# loops of hdim 64 and 128, at hdim 128 with every 8th pair's exp2 off the MUFU. H100, 2026-12-06,
+# scripts/compare_fp8_shapes.py, 16k tokens, TFLOP/s fp32 scores -> fp16 -> fp16 + every 8th:
+# hdim 128 s2k 860.1 -> 877.8 -> 924.5, s4k 875.8 -> 905.9 -> 936.6, s16k 915.7 -> 967.5 -> 965.7;
+# hdim 64 s2k 555.8 -> 570.4, s16k 609.0 -> 654.7 (BENCHMARKS.md).
+_SCORES_F16 = {"scores_f16": True}
 FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
-    (64, False): (("short", 512, _FP8_TILES_192), ("long", None, {**_FP8_TILES_192, "intra_wg_overlap": False})),
+    (64, False): (("short", 512, _FP8_TILES_192),
+                  ("long", None, {**_FP8_TILES_192, "intra_wg_overlap": False, **_SCORES_F16})),
     (64, True): (("short", 2048, {**_FP8_TILES_192, "warpgroup_key_trim": True, "stages": 3}),
                  ("long", None, _FP8_TILES_192)),
-    (128, False): (("long", None, _FP8_TILES_192),),
+    (128, False): (("long", None, {**_FP8_TILES_192, **_SCORES_F16, "exp2_poly_every": 8}),),
     (128, True): (("short", 4096, {**_FP8_TILES_192, "warpgroup_key_trim": True}),),
 }
 
@@ -326,20 +334,23 @@ def split_twin(spec: KernelSpec) -> KernelSpec | None:
 
 def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False,
                      power_of_two_v_scales: bool = True, v_transpose_in_kernel: bool = False,
-                     seqlen_q: int | str | None = None) -> KernelSpec:
+                     seqlen_q: int | str | None = None, scores_f16_inputs: bool = True) -> KernelSpec:
     """The e4m3 forward spec for a problem (O in out_dtype): the registry's when present.
     power_of_two_v_scales=False (V's per-block scales are not all powers of two): never a lazy
     rescale, whose P would carry the blocks' inexact ratios (spec.FP8_LAZY_RESCALE_DEFAULT).
     v_transpose_in_kernel: the kernel takes V as (batch, seqlen_k, nheads, head_dim_v) and
     transposes it in shared memory (no registry kernel does). seqlen_q (a length or a bucket's
     name) picks the tiles of FP8_SEQLEN_TILES, for the plain problem (head_dim_v == head_dim, no
-    window, V in the kernel's layout)."""
+    window, V in the kernel's layout). scores_f16_inputs=False (Q and K not quantized within
+    spec.SCORES_F16_QK_MAX): the same tiles with fp32 scores."""
     _canonical_problem(head_dim, head_dim_v, "bf16")
     out = _DTYPE_ALIASES.get(str(out_dtype).removeprefix("torch."))
     if out is None:
         raise ValueError(f"out_dtype={out_dtype!r} is not supported: use 'bf16' or 'fp16'")
     bucket = fp8_seqlen_bucket(head_dim, head_dim_v, causal, window, v_transpose_in_kernel, seqlen_q)
     tiles = _bucket_fields(FP8_SEQLEN_TILES.get((head_dim, bool(causal))), bucket)
+    if not scores_f16_inputs:
+        tiles = {k: v for k, v in tiles.items() if k not in ("scores_f16", "exp2_poly_every")}
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
                       window=bool(window), v_transpose_in_kernel=bool(v_transpose_in_kernel),
                       **tiles, **({} if power_of_two_v_scales else {"lazy_rescale": False}))

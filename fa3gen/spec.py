@@ -855,8 +855,8 @@ class KernelSpec(BaseModel):
     # and P cast to e4m3 from fp16 pairs. The fp8 key-block loop is bound by its issue slots and
     # the MUFU, not by the GEMMs (BENCHMARKS.md, the ncu note of the FP8 sections). Needs Q and K
     # quantized to |x| <= SCORES_F16_QK_MAX, so |S| <= head_dim * 16 * 16 stays finite in fp16
-    # (fa3gen.fp8.prepare(qk_max_abs=16) quantizes them so; fa3gen.fp8_ops runs such a kernel only
-    # on inputs that say so), the row sums on the tensor cores and the eager rescale (_scores_f16_blockers).
+    # (fa3gen.fp8.prepare does by default; fa3gen.fp8_ops runs such a kernel only on inputs that
+    # say so, and the registry's default for others), the row sums on the tensor cores and the eager rescale (_scores_f16_blockers).
     # Off unless set.
     scores_f16: bool = False
     # With scores_f16: every n-th pair of a row's scores takes its exp2 from a degree-2 polynomial

@@ -70,7 +70,8 @@ SPECS = {
     # shared memory (byte permutes), producer at 40 registers, consumers at 232.
     "d128_e4m3_v_transpose_in_kernel": KernelSpec(head_dim=128, dtype="e4m3", v_transpose_in_kernel=True),
     # FP8 past 1k queries: three consumer warpgroups without intra-warpgroup overlap (the serial
-    # loop, each block's descale factors loaded a block ahead), row sums on the tensor cores.
+    # loop, each block's descale factors loaded a block ahead), row sums on the tensor cores,
+    # scores in fp16 with the softmax on fp16 pairs, every 8th pair's exp2 on the FMA pipe.
     "fwd_d128_e4m3_long": REGISTRY["fwd_d128_e4m3_long"],
     # The split twin of the hdim 128 three-warpgroup kernel: the last wave's tiles in pieces along
     # the keys, each tile's owner merging the others' partials from the workspace.
@@ -229,6 +230,27 @@ def test_sass_row_sums_on_the_tensor_cores(builds: dict[str, BuildResult], name:
         assert len(fadd) <= 8, f"{len(fadd)} FADD in the key-block loop"
     else:
         assert not sums_mma and len(fadd) >= spec.block_n // 2, f"{len(fadd)} FADD in the key-block loop"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].scores_f16])
+def test_sass_scores_f16_softmax_on_pairs(builds: dict[str, BuildResult], name: str) -> None:
+    """scores_f16: Q·Kᵀ accumulates in fp16, the exp2 argument is one HFMA2 a pair of scores, the
+    row max fp16 maxima, the exp2 fp16 MUFU ops (two a pair) but for every exp2_poly_every-th pair,
+    whose polynomial adds two HFMA2 and one HMUL2; no fp32 FFMA or FMNMX a score (fp32 scores: 64
+    of each in hdim 128's loop)."""
+    spec, loop = SPECS[name], key_block_loop(_sass(builds[name]))
+    assert loop, "no key-block loop found"
+
+    def count(pattern: str) -> int:
+        return len([t for t in loop if re.match(r"(@!?U?P\w+\s+)?" + pattern, t)])
+
+    pairs_per_row = spec.block_n // 8  # a thread holds two rows of block_n / 4 scores
+    poly = 2 * (pairs_per_row // spec.exp2_poly_every if spec.exp2_poly_every else 0)
+    assert len([t for t in loop if re.match(r"QGMMA\.64x\d+x32\.F16\.E4M3\.E4M3\b", t)]) == spec.head_dim // 32
+    assert count(r"MUFU\.EX2\.F16\b") == 2 * (2 * pairs_per_row - poly)
+    assert count(r"HFMA2\b") == 2 * pairs_per_row + 2 * poly
+    assert count(r"HMUL2\b") == poly
+    assert count(r"FFMA\b") <= 4 and count(r"FMNMX\b") <= 8
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].is_fp8 and not SPECS[n].intra_wg_overlap])

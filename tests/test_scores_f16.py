@@ -11,8 +11,9 @@ import fa3gen
 from fa3gen import fp8, fp8_ops, registry
 from fa3gen.spec import FP16_MAX, SCORES_F16_QK_MAX, KernelSpec
 
-PLAIN = registry.REGISTRY["fwd_d128_e4m3_long"]
-LONG = KernelSpec(**{**PLAIN.model_dump(exclude_unset=True), "scores_f16": True, "exp2_poly_every": 8})
+LONG = registry.REGISTRY["fwd_d128_e4m3_long"]  # scores_f16, exp2_poly_every=8
+# The same tiles with fp32 scores: the kernel for inputs outside the bound.
+PLAIN = registry.default_fp8_spec(128, 128, "bf16", False, seqlen_q="long", scores_f16_inputs=False)
 
 
 def with_fields(spec: KernelSpec, **fields) -> KernelSpec:
@@ -29,9 +30,9 @@ def test_scores_f16_spec_and_name():
     assert KernelSpec.from_json(LONG.canonical_json()) == LONG
 
 
-def test_registry_kernels_keep_fp32_scores():
-    """scores_f16 is opt-in: no registry kernel has it (prepare's default Q and K range is e4m3's)."""
-    assert not any(s.scores_f16 for s in registry.REGISTRY.values())
+def test_registry_takes_fp16_scores_for_the_serial_loops_only():
+    f16 = {name for name, s in registry.REGISTRY.items() if s.kind == "fwd" and s.scores_f16}
+    assert f16 == {"fwd_d128_e4m3_long", "fwd_d64_e4m3_long", "fwd_d128_e4m3_long_split", "fwd_d64_e4m3_long_split"}
 
 
 @pytest.mark.parametrize("fields, expected", [
@@ -82,20 +83,32 @@ def test_range_factor_rejects_a_bound_outside_e4m3():
 
 def test_prepare_bounds_q_and_k_not_v():
     q, k, v = (torch.randn(1, 200, 2, 128) for _ in range(3))
-    inputs = fp8.prepare(q, k, v, fused=False, qk_max_abs=SCORES_F16_QK_MAX)
+    inputs = fp8.prepare(q, k, v, fused=False)
     assert inputs.q.max_abs <= SCORES_F16_QK_MAX and inputs.k.max_abs <= SCORES_F16_QK_MAX
     assert inputs.v.max_abs == fp8.E4M3_MAX
     assert fp8_ops.scores_fit_f16(inputs)
-    assert not fp8_ops.scores_fit_f16(fp8.prepare(q, k, v, fused=False))
+    assert not fp8_ops.scores_fit_f16(fp8.prepare(q, k, v, fused=False, qk_max_abs=fp8.E4M3_MAX))
+    # No fp16 bound at hdim 256 (256 * 16^2 > 65504): e4m3's whole range there.
+    wide = [torch.randn(1, 200, 2, 256) for _ in range(3)]
+    assert fp8.prepare(*wide, fused=False).q.max_abs == fp8.E4M3_MAX
 
 
 def test_checked_kernel_refuses_unbounded_inputs_for_a_scores_f16_kernel():
     q, k, v = (torch.randn(1, 200, 2, 128) for _ in range(3))
     kernel = type("K", (), {"spec": LONG})()
-    bounded = fp8.prepare(q, k, v, fused=False, qk_max_abs=SCORES_F16_QK_MAX)
-    assert fp8_ops._checked_kernel(bounded, "bf16", False, False, kernel) is kernel
-    wide = fp8.prepare(q, k, v, fused=False)
+    assert fp8_ops._checked_kernel(fp8.prepare(q, k, v, fused=False), "bf16", False, False, kernel) is kernel
+    wide = fp8.prepare(q, k, v, fused=False, qk_max_abs=fp8.E4M3_MAX)
     with pytest.raises(ValueError, match=r"scores in fp16.*\|q\| <= 448.*scores_f16=False"):
         fp8_ops._checked_kernel(wide, "bf16", False, False, kernel)
     plain = type("K", (), {"spec": PLAIN})()
     assert fp8_ops._checked_kernel(wide, "bf16", False, False, plain) is plain
+
+
+def test_default_kernel_has_fp32_scores_for_unbounded_inputs(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(fa3gen, "compile", lambda spec: compiled.append(spec) or type("K", (), {"spec": spec})())
+    monkeypatch.setattr(fa3gen.ops, "_KERNELS", {})
+    q, k, v = (torch.randn(1, 2048, 2, 128) for _ in range(3))
+    assert fp8_ops._checked_kernel(fp8.prepare(q, k, v, fused=False), "bf16", False, False).spec == LONG
+    wide = fp8.prepare(q, k, v, fused=False, qk_max_abs=fp8.E4M3_MAX)
+    assert fp8_ops._checked_kernel(wide, "bf16", False, False).spec == PLAIN

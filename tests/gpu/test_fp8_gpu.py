@@ -118,6 +118,9 @@ def check(inputs, causal, out_dtype=torch.bfloat16, window=(-1, -1), kernel=None
     ref, ref_lse = attention_reference(q, k, v, 1 / math.sqrt(q.shape[-1]), causal, window_size=window)
     what = f"q {tuple(q.shape)} k {tuple(k.shape)} causal={causal}"
     lse_tolerance = LSE_TOLERANCE_ROW_SUMS_MMA if spec.row_sums_mma else LSE_TOLERANCE * math.sqrt(q.shape[-1] / 128)
+    if spec.scores_f16:  # fp16 holds a score to 2^-11 of itself: the LSE's error grows with the scores
+        visible = torch.isfinite(ref_lse)
+        lse_tolerance += float(ref_lse[visible].abs().amax()) * 2**-10 if visible.any() else 0.0
     rel, lse_err = check_poisoned_outputs(out, lse, ref, ref_lse, O_TOLERANCE, lse_tolerance, what)
     print(f"{what}: O rel err {rel:.2e}, lse max err {lse_err:.1e}")
     return rel
@@ -290,10 +293,12 @@ def test_fp8_192_row_tiles_over_smaller_q_blocks(head_dim, causal):
         for q_rows in (128, 64):
             q = striped(b, sq, hq, head_dim, 61 + 10 * i, q_rows)
             inputs = fp8.prepare(q, k, v, "block", (q_rows, fp8.default_block_rows(head_dim)[1]), hadamard=True, seed=i)
-            assert fp8_ops._checked_kernel(inputs, "bf16", causal, False).spec == tiled
+            # (a problem of a wave or two of tiles takes the kernel's split twin: split_tail)
+            assert fp8_ops._checked_kernel(inputs, "bf16", causal, False).spec in (tiled, fa3gen.registry.split_twin(tiled))
             check(inputs, causal)
         split = fp8.prepare(q, k, v, "block", (128, 192), hadamard=True, seed=i)
-        assert fp8_ops._checked_kernel(split, "bf16", causal, False).spec == fa3gen.registry.REGISTRY[name]
+        whole = fa3gen.registry.REGISTRY[name]
+        assert fp8_ops._checked_kernel(split, "bf16", causal, False).spec in (whole, fa3gen.registry.split_twin(whole))
         check(split, causal)
 
 

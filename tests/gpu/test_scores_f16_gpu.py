@@ -1,7 +1,7 @@
 """scores_f16 e4m3 kernels (S = Q·Kᵀ in fp16, the softmax on fp16 pairs) on the GPU against float64.
 
 Each kernel runs into NaN-poisoned outputs beside the same spec with fp32 scores, on the same
-prepared inputs (Q and K quantized to |x| <= 16, fa3gen.fp8.prepare(qk_max_abs=16)): its O must be as
+prepared inputs (Q and K quantized to |x| <= 16, fa3gen.fp8.prepare's default): its O must be as
 close to the float64 attention of the dequantized inputs (within 10% of the fp32 kernel's error),
 its LSE within the row-sums tolerance. Shapes: ragged (the mask path), GQA, sq != sk, scale blocks
 of alternating magnitude, and scores at the fp16 bound (Q = K with every entry at its largest).
@@ -37,10 +37,16 @@ def scores_f16(spec: fa3gen.KernelSpec) -> fa3gen.KernelSpec:
     return fa3gen.KernelSpec(**{**spec.model_dump(exclude_unset=True), "scores_f16": True})
 
 
-# The serial loop (192 x 128, three warpgroups) and the pingpong overlapped one (128 x 192), causal or not.
-BASE_SPECS = [fa3gen.registry.REGISTRY[name] for name in
-              ("fwd_d128_e4m3_long", "fwd_d128_e4m3", "fwd_d128_e4m3_causal", "fwd_d64_e4m3_long")]
-SPECS = [scores_f16(s) for s in BASE_SPECS]
+# The serial loop (192 x 128, three warpgroups: the registry's at hdim 64 and 128, the latter with
+# every 8th pair's exp2 on the FMA pipe) and the pingpong overlapped one (128 x 192), causal or not;
+# beside each, the same tiles with fp32 scores.
+_F32 = dict(scores_f16_inputs=False)
+BASE_SPECS = [fa3gen.registry.default_fp8_spec(128, 128, "bf16", False, seqlen_q="long", **_F32),
+              fa3gen.registry.REGISTRY["fwd_d128_e4m3"], fa3gen.registry.REGISTRY["fwd_d128_e4m3_causal"],
+              fa3gen.registry.default_fp8_spec(64, 64, "bf16", False, seqlen_q="long", **_F32)]
+SPECS = [fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"], scores_f16(BASE_SPECS[1]), scores_f16(BASE_SPECS[2]),
+         fa3gen.registry.REGISTRY["fwd_d64_e4m3_long"]]
+assert all(s.scores_f16 and not b.scores_f16 for s, b in zip(SPECS, BASE_SPECS))
 
 
 def ramped(b, s, h, d, seed):
@@ -121,6 +127,6 @@ def test_scores_f16_refuses_inputs_of_e4m3_range():
     """Q and K quantized to e4m3's whole range (448) could overflow fp16 scores: the kernel refuses them."""
     spec = SPECS[0]
     q, k, v = (torch.randn(1, 256, 2, 128, device="cuda") for _ in range(3))
-    inputs = fp8.prepare(q, k, v)  # Q and K to e4m3's whole range
+    inputs = fp8.prepare(q, k, v, qk_max_abs=448.0)  # Q and K to e4m3's whole range
     with pytest.raises(ValueError, match="scores_f16"):
         fp8_ops.flash_attn_fp8_func(inputs, kernel=fa3gen.compile(spec))
