@@ -164,11 +164,6 @@ LAZY_RESCALE_LOG2 = 8
 # that a stale max's probabilities, up to 2^FP8_LAZY_RESCALE_LOG2, stay within e4m3 (max 448).
 # Emulated on the CPU (BENCHMARKS.md, P's scale), a factor of 32 instead of 256 costs < 0.04% RMSE.
 FP8_PROB_LOG2_SCALE = 8
-# scores_f16 kernels take Q and K quantized to |x| <= this (a power of two): then every score
-# |q·k| <= head_dim * 16^2 (32768 at hdim 128) is finite in fp16. Values below 2^-10 of it are
-# e4m3 subnormals, each off by at most 2^-14 of it: under the rounding of the values that matter.
-SCORES_F16_QK_MAX = 16.0
-FP16_MAX = 65504.0
 FP8_LAZY_RESCALE_LOG2 = 2
 # ... and O keeps its V unit while the key blocks' V scales stay within a factor 2^this below it,
 # each block's ratio going into its P: P's effective factor stays within (2^(8 - 2 - 2), 2^(8 - 2)]
@@ -178,6 +173,11 @@ FP8_LAZY_RESCALE_LOG2 = 2
 # the first lazy kernels lost, 9.80e-3 -> 9.64e-3 on the FA3 paper experiment against the eager
 # 8.99e-3; power-of-two scales did, see below.)
 FP8_UNIT_LOG2_RANGE = 2
+# scores_f16 kernels take Q and K quantized to |x| <= this (a power of two): then every score
+# |q·k| <= head_dim * 16^2 (32768 at hdim 128) is finite in fp16. Values below 2^-10 of it are
+# e4m3 subnormals, each off by at most 2^-14 of it: under the rounding of the values that matter.
+SCORES_F16_QK_MAX = 16.0
+FP16_MAX = 65504.0
 # e4m3 forward kernels rescale O lazily by default from head_dim_v 192, where it is faster; it was
 # opt-in while it was less accurate. Measured on the H200 (2026-12-02, scripts/bench_fp8.py, interleaved with the
 # eager kernel in one process, 16k tokens, TFLOP/s eager -> lazy): hdim 256 s4k 986.6 -> 1042.3,
@@ -856,8 +856,9 @@ class KernelSpec(BaseModel):
     # the MUFU, not by the GEMMs (BENCHMARKS.md, the ncu note of the FP8 sections). Needs Q and K
     # quantized to |x| <= SCORES_F16_QK_MAX, so |S| <= head_dim * 16 * 16 stays finite in fp16
     # (fa3gen.fp8.prepare does by default; fa3gen.fp8_ops runs such a kernel only on inputs that
-    # say so, and the registry's default for others), the row sums on the tensor cores and the eager rescale (_scores_f16_blockers).
-    # Off unless set.
+    # say so, and for others the registry's kernel with fp32 scores), the row sums on the tensor
+    # cores and the eager rescale (_scores_f16_blockers). Off unless set (the registry sets it
+    # for its hdim 64 and 128 serial loops).
     scores_f16: bool = False
     # With scores_f16: every n-th pair of a row's scores takes its exp2 from a degree-2 polynomial
     # on the FMA pipe (nine instructions a pair) instead of the MUFU (two ops a pair), which the
