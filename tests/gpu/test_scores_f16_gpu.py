@@ -3,13 +3,11 @@
 Each kernel runs into NaN-poisoned outputs beside the same spec with fp32 scores, on the same
 prepared inputs (Q and K quantized to |x| <= 16, fa3gen.fp8.prepare's default): its O must be as
 close to the float64 attention of the dequantized inputs (within 10% of the fp32 kernel's error),
-its LSE within the row-sums tolerance. Shapes: ragged (the mask path), GQA, sq != sk, scale blocks
+its LSE within the row-sums tolerance plus 2^-10 of the largest |LSE| (test_fp8_gpu.check). Shapes: ragged (the mask path), GQA, sq != sk, scale blocks
 of alternating magnitude, and scores at the fp16 bound (Q = K with every entry at its largest).
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -18,8 +16,9 @@ import fa3gen
 from fa3gen import fp8, fp8_ops
 from fa3gen.reference import attention_reference
 from fa3gen.spec import SCORES_F16_QK_MAX
-from fa3gen.variant_args import VariantArgs
-from gpu_checks import check_poisoned_outputs
+# The fp8 tests' poisoned launch, reference check (its LSE tolerance grows with the scores for
+# scores_f16 kernels: fp16 holds a score to 2^-11 of itself) and scale-varying inputs.
+from test_fp8_gpu import check, ramped, run_poisoned
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,8 +26,6 @@ pytestmark = [
                        reason="needs a Hopper (sm_90) GPU"),
 ]
 
-O_TOLERANCE = 3e-2
-LSE_TOLERANCE = 4e-2  # the row sums of e4m3 P on the tensor cores (test_fp8_gpu.LSE_TOLERANCE_ROW_SUMS_MMA)
 SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (1, 2049, 2049, 2, 2),
           (3, 300, 2049, 4, 4)]
 
@@ -49,32 +46,6 @@ SPECS = [fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"], scores_f16(BASE_SPECS[1
 assert all(s.scores_f16 and not b.scores_f16 for s, b in zip(SPECS, BASE_SPECS))
 
 
-def ramped(b, s, h, d, seed):
-    """N(0,1) with a magnitude ramp along the sequence (x1 to x3): scale blocks differ."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(b, s, h, d, device="cuda", generator=gen) * torch.linspace(1.0, 3.0, s, device="cuda")[None, :, None, None]
-
-
-def run_poisoned(inputs, causal, kernel):
-    b, sq, hq, _ = inputs.q.data.shape
-    kernel = fp8_ops._checked_kernel(inputs, "bf16", causal, False, kernel)
-    out = torch.full((b, sq, hq, inputs.head_dim_v), float("nan"), device="cuda", dtype=torch.bfloat16)
-    lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
-    fp8_ops._launch(inputs, out, lse, 1 / math.sqrt(inputs.q.data.shape[-1]), kernel, VariantArgs())
-    torch.cuda.synchronize()
-    return out, lse
-
-
-def errors(inputs, causal, kernel, what):
-    out, lse = run_poisoned(inputs, causal, kernel)
-    q, k, v = inputs.dequantized()
-    ref, ref_lse = attention_reference(q, k, v, 1 / math.sqrt(q.shape[-1]), causal)
-    # fp16 holds a score to 2^-11 of itself (and the softmax scale to 2^-11): the LSE's error grows
-    # with the largest scores' size, negligibly below the tolerance at the sizes of N(0,1) inputs.
-    largest = float(ref_lse[torch.isfinite(ref_lse)].abs().amax()) if torch.isfinite(ref_lse).any() else 0.0
-    return check_poisoned_outputs(out, lse, ref, ref_lse, O_TOLERANCE, LSE_TOLERANCE + largest * 2**-10, what)
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_scores_f16_as_accurate_as_fp32_scores(spec):
     half, single = fa3gen.compile(spec), fa3gen.compile(BASE_SPECS[SPECS.index(spec)])
@@ -84,10 +55,8 @@ def test_scores_f16_as_accurate_as_fp32_scores(spec):
         inputs = fp8.prepare(q, k, v, "block", (128, spec.block_n), hadamard=(i % 2 == 0), seed=i,
                              qk_max_abs=SCORES_F16_QK_MAX)
         assert inputs.q.max_abs <= 16 and inputs.k.max_abs <= 16
-        what = f"{spec.name} q {tuple(q.shape)} k {tuple(k.shape)}"
-        rel, lse_err = errors(inputs, spec.causal, half, what)
-        rel_fp32, _ = errors(inputs, spec.causal, single, what + " (fp32 scores)")
-        print(f"{what}: O rel err {rel:.2e} (fp32 scores {rel_fp32:.2e}), lse max err {lse_err:.1e}")
+        rel, rel_fp32 = check(inputs, spec.causal, kernel=half), check(inputs, spec.causal, kernel=single)
+        print(f"{spec.name}: O rel err {rel:.2e} (fp32 scores {rel_fp32:.2e})")
         assert rel <= 1.1 * rel_fp32 + 1e-4
 
 
@@ -105,8 +74,8 @@ def test_scores_f16_at_the_bound(spec):
                          qk_max_abs=SCORES_F16_QK_MAX)
     largest = float(inputs.q.data.float().abs().amax()) ** 2 * d
     assert largest > 2 ** 14, largest
-    rel, lse_err = errors(inputs, False, half, f"{spec.name} at the bound")
-    print(f"scores up to {largest:.0f}: O rel err {rel:.2e}, lse max err {lse_err:.1e}")
+    print(f"scores up to {largest:.0f}")
+    check(inputs, False, kernel=half)
 
 
 def test_scores_f16_paper_experiment():
@@ -117,8 +86,8 @@ def test_scores_f16_paper_experiment():
     q, k, v = fp8.outlier_inputs(1, 2048, 4, 128, seed=0, device="cuda")
     inputs = fp8.prepare(q, k, v, "block", hadamard=True, qk_max_abs=SCORES_F16_QK_MAX)
     ref, _ = attention_reference(q.double(), k.double(), v.double(), None, False)
-    half = fp8.rmse(run_poisoned(inputs, False, fa3gen.compile(spec))[0], ref)
-    single = fp8.rmse(run_poisoned(inputs, False, fa3gen.compile(BASE_SPECS[0]))[0], ref)
+    half = fp8.rmse(run_poisoned(inputs, False, kernel=fa3gen.compile(spec))[0], ref)
+    single = fp8.rmse(run_poisoned(inputs, False, kernel=fa3gen.compile(BASE_SPECS[0]))[0], ref)
     print(f"paper experiment s2048: RMSE scores_f16 {half:.3e}, fp32 scores {single:.3e}")
     assert half <= 9.1e-3 and half <= 1.02 * single
 
