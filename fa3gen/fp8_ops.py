@@ -50,14 +50,15 @@ def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, wi
 
 def _seqlen_bucket(inputs: Fp8Inputs, causal: bool, window: bool) -> str | None:
     """The registry's bucket of tiles for these inputs' query length, where their K/V scale blocks
-    are whole key blocks of its kernel (fa3gen.fp8.prepare's default blocks are); else None."""
+    are whole key blocks of the kernel it takes for them (fa3gen.fp8.prepare's default blocks
+    are); else None."""
     q = inputs.q.data
     d = q.shape[-1]
     bucket = registry.fp8_seqlen_bucket(d, inputs.head_dim_v, causal, window, not inputs.v.kernel_v_layout,
                                         q.shape[1])
     if bucket is None:
         return None
-    block_n = registry.fp8_bucket_spec(d, causal, bucket).block_n
+    block_n = registry.fp8_bucket_block_n(d, causal, bucket, scores_fit_f16(inputs))
     blocked = [x for x in (inputs.k, inputs.v) if x.granularity == "block"]
     return bucket if all((x.block_size or 0) % block_n == 0 for x in blocked) else None
 

@@ -163,10 +163,10 @@ REGISTRY.update({
 })
 
 # FP8 forward tiles by query length, as SEQLEN_TILES (fields over the e4m3 defaults, FP8_TILES):
-# 192 x 128 tiles on three consumer warpgroups (each warpgroup's own Q factor lets 128-row Q scale
+# 192-row tiles on three consumer warpgroups (each warpgroup's own Q factor lets 128-row Q scale
 # blocks span a tile) wherever they measured faster than the 128 x 192 pingpong kernel, which stays
-# for K/V scale blocks that 128 keys do not divide, for hdim 128 causal past 4k queries and for
-# hdim 256. The loop by length (H200, 2026-12-04, one process, `scripts/bench_fp8.py --spec ...
+# for K/V scale blocks that the buckets' key blocks do not divide, for hdim 128 causal past 4k
+# queries (with fp16 scores) and for hdim 256; fp16 scores and 256-key blocks below. The loop by length (H200, 2026-12-04, one process, `scripts/bench_fp8.py --spec ...
 # --candidate-blocks prepare`: each candidate interleaved with the previous default on the same
 # prepared inputs, TFLOP/s, previous -> new; two processes where two figures):
 # - hdim 128 not causal, the serial loop at every length (was: past 1k): s512 532.9 -> 618.7,
@@ -187,20 +187,45 @@ REGISTRY.update({
 # s512 323.6 -> 392.4, s16k 505.8 -> 592.4, causal s16k 464.8 -> 531.0.)
 _FP8_TILES_192 = {"block_m": 192, "block_n": 128}
 # Scores in fp16 (scores_f16) where measured faster, for inputs whose Q and K keep to its bound
-# (fa3gen.fp8.prepare's default; default_fp8_spec(scores_f16_inputs=False) drops it): the serial
-# loops of hdim 64 and 128, at hdim 128 with every 8th pair's exp2 off the MUFU. H100, 2026-12-06,
-# scripts/compare_fp8_shapes.py, 16k tokens, TFLOP/s fp32 scores -> fp16 -> fp16 + every 8th:
-# hdim 128 s2k 860.1 -> 877.8 -> 924.5, s4k 875.8 -> 905.9 -> 936.6, s16k 915.7 -> 967.5 -> 965.7;
-# hdim 64 s2k 555.8 -> 570.4, s16k 609.0 -> 654.7 (BENCHMARKS.md).
+# (fa3gen.fp8.prepare's default). Two scores a register leave room for 256-key blocks on three
+# consumer warpgroups (192 x 256: S 64 + O 64 registers), which halve the per-key cost of O's
+# rescale and of the pipeline's waits. H100, 2026-12-06, scripts/compare_fp8_shapes.py, 16k
+# tokens, TFLOP/s (BENCHMARKS.md):
+# - hdim 128 not causal, 192 x 128 fp16 scores + every 8th exp2 on the FMA pipe (the previous
+#   kernel) -> 192 x 256 with one Q buffer + every 4th -> 128 x 256 pingpong + every 8th: s512
+#   657.6 -> 690.3 -> 718.9, s1k 752.1 -> 851.9 -> 875.8, s2k 879.9 -> 1038.1 -> 955.0, s4k
+#   915.0 -> 1097.3 -> 998.4, s16k 945.1 -> 1144.3 -> 1032.6 (192 x 192: 935.3 / 986.0 / 1052.5).
+#   Earlier: fp32 -> fp16 scores on 192 x 128, s2k 860.1 -> 877.8, s16k 915.7 -> 967.5.
+# - hdim 128 causal, fp32 -> fp16 scores + every 8th: 192 x 128 trimmed s1k 539.0 -> 570.0, s2k
+#   684.6 -> 737.3, s4k 756.7 -> 826.0; 128 x 192 pingpong s8k 815.2 -> 917.7, s16k 845.4 ->
+#   955.1 (the 192 x 128 kernel with fp16 scores: 902.9 / 937.1).
+# - hdim 64 not causal, 192 x 128 fp16 scores -> 192 x 256 + every 8th: s1k 483.9 -> 574.3, s2k
+#   572.7 -> 676.4, s16k 656.8 -> 750.3. Causal: the serial loop with fp16 scores tied the
+#   overlapped one with fp32 (s2k 445.3 vs 455.0, s16k 625.0 vs 611.7): unchanged.
 _SCORES_F16 = {"scores_f16": True}
+_WIDE_F16 = {"block_m": 192, "block_n": 256, "intra_wg_overlap": False, **_SCORES_F16}
 FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
     (64, False): (("short", 512, _FP8_TILES_192),
-                  ("long", None, {**_FP8_TILES_192, "intra_wg_overlap": False, **_SCORES_F16})),
+                  ("long", None, {**_WIDE_F16, "exp2_poly_every": 8})),
     (64, True): (("short", 2048, {**_FP8_TILES_192, "warpgroup_key_trim": True, "stages": 3}),
                  ("long", None, _FP8_TILES_192)),
-    (128, False): (("long", None, {**_FP8_TILES_192, **_SCORES_F16, "exp2_poly_every": 8}),),
-    (128, True): (("short", 4096, {**_FP8_TILES_192, "warpgroup_key_trim": True}),),
+    (128, False): (("short", 1024, {"block_n": 256, **_SCORES_F16, "exp2_poly_every": 8}),
+                   ("long", None, {**_WIDE_F16, "q_buffers": 1, "exp2_poly_every": 4})),
+    (128, True): (("short", 4096, {**_FP8_TILES_192, "warpgroup_key_trim": True, **_SCORES_F16, "exp2_poly_every": 8}),
+                  ("long", None, {**_SCORES_F16, "exp2_poly_every": 8})),
 }
+# The tiles of each fp16-score bucket for Q and K outside that bound (fp32 scores,
+# default_fp8_spec(scores_f16_inputs=False)): the previous registry kernels, where fp32 scores
+# do not fit the bucket's registers.
+FP8_FP32_SCORE_TILES: dict[tuple[int, bool, str], dict[str, Any]] = {
+    (64, False, "long"): {**_FP8_TILES_192, "intra_wg_overlap": False},
+    (128, False, "short"): _FP8_TILES_192,
+    (128, False, "long"): _FP8_TILES_192,
+    (128, True, "short"): {**_FP8_TILES_192, "warpgroup_key_trim": True},
+    (128, True, "long"): {},
+}
+assert {(d, c, name) for (d, c), tiers in FP8_SEQLEN_TILES.items() for name, _, fields in tiers
+        if fields.get("scores_f16")} == set(FP8_FP32_SCORE_TILES)
 
 REGISTRY.update(_bucket_specs(FP8_SEQLEN_TILES, ("e4m3",)))
 
@@ -234,13 +259,26 @@ def fp8_bucket_spec(head_dim: int, causal: bool, bucket: str) -> KernelSpec:
     return REGISTRY[_bucket_name(head_dim, "e4m3", bool(causal), bucket)]
 
 
+def fp8_bucket_block_n(head_dim: int, causal: bool, bucket: str, scores_f16_inputs: bool = True) -> int:
+    """The key-block rows of the kernel default_fp8_spec takes for a bucket (its fp32-score tiles
+    for inputs outside scores_f16's bound): the K/V scale blocks must be multiples of it."""
+    spec = fp8_bucket_spec(head_dim, causal, bucket)
+    if spec.scores_f16 and not scores_f16_inputs:
+        from .spec import FP8_TILES
+
+        return FP8_FP32_SCORE_TILES[(head_dim, bool(causal), bucket)].get("block_n", FP8_TILES[head_dim][1])
+    return spec.block_n
+
+
 def fp8_key_block_sizes(head_dim: int) -> tuple[int, ...]:
-    """The key-block rows (block_n) of the registry's e4m3 kernels of a head dim, in any bucket:
-    the K/V scale blocks that every one of them takes are multiples of all of them."""
+    """The key-block rows (block_n) of the registry's e4m3 kernels of a head dim, in any bucket
+    (and their fp32-score tiles): the K/V scale blocks that every one of them takes are
+    multiples of all of them."""
     from .spec import FP8_TILES
 
-    sizes = {FP8_TILES[head_dim][1]} | {fields["block_n"] for (d, _), tiers in FP8_SEQLEN_TILES.items()
-                                        if d == head_dim for _, _, fields in tiers if "block_n" in fields}
+    buckets = [fields for (d, _), tiers in FP8_SEQLEN_TILES.items() if d == head_dim for _, _, fields in tiers]
+    buckets += [fields for (d, _, _), fields in FP8_FP32_SCORE_TILES.items() if d == head_dim]
+    sizes = {FP8_TILES[head_dim][1]} | {fields["block_n"] for fields in buckets if "block_n" in fields}
     return tuple(sorted(sizes))
 
 
@@ -349,8 +387,8 @@ def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: boo
         raise ValueError(f"out_dtype={out_dtype!r} is not supported: use 'bf16' or 'fp16'")
     bucket = fp8_seqlen_bucket(head_dim, head_dim_v, causal, window, v_transpose_in_kernel, seqlen_q)
     tiles = _bucket_fields(FP8_SEQLEN_TILES.get((head_dim, bool(causal))), bucket)
-    if not scores_f16_inputs:
-        tiles = {k: v for k, v in tiles.items() if k not in ("scores_f16", "exp2_poly_every")}
+    if not scores_f16_inputs and tiles.get("scores_f16"):
+        tiles = FP8_FP32_SCORE_TILES[(head_dim, bool(causal), bucket)]
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
                       window=bool(window), v_transpose_in_kernel=bool(v_transpose_in_kernel),
                       **tiles, **({} if power_of_two_v_scales else {"lazy_rescale": False}))

@@ -1346,7 +1346,7 @@ class KernelSpec(BaseModel):
         need, limit = self.consumer_registers_estimate, self.register_split[1]
         if need > limit:
             raise ValueError(
-                f"consumer warpgroup needs ~{need} registers per thread (S {bn // 2} + O {dv // 2} "
+                f"consumer warpgroup needs ~{need} registers per thread (S {self.score_registers} + O {dv // 2} "
                 f"+ {CONSUMER_REGISTER_OVERHEAD}) but {nwg} consumer warpgroups get {limit}: "
                 "lower block_n or use fewer consumer warpgroups"
             )
@@ -1399,8 +1399,14 @@ class KernelSpec(BaseModel):
     @property
     def consumer_registers_estimate(self) -> int:
         assert self.block_n and self.head_dim_v
-        # fp32 accumulators of one 64-row warpgroup tile, spread over 128 threads; P reuses S's registers.
-        return self.block_n // 2 + self.head_dim_v // 2 + CONSUMER_REGISTER_OVERHEAD
+        # fp32 accumulators of one 64-row warpgroup tile, spread over 128 threads (fp16 scores: two a
+        # register); P reuses S's registers.
+        return self.score_registers + self.head_dim_v // 2 + CONSUMER_REGISTER_OVERHEAD
+
+    @property
+    def score_registers(self) -> int:
+        assert self.block_n
+        return self.block_n // (4 if self.scores_f16 else 2)
 
     @property
     def lazy_rescale_log2(self) -> int:

@@ -229,7 +229,7 @@ def test_canonical_json_round_trip(fields):
 
 FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")] + [
     "fwd_d64_e4m3_short", "fwd_d64_e4m3_long", "fwd_d64_e4m3_causal_short", "fwd_d64_e4m3_causal_long",
-    "fwd_d128_e4m3_long", "fwd_d128_e4m3_causal_short"]
+    "fwd_d128_e4m3_short", "fwd_d128_e4m3_long", "fwd_d128_e4m3_causal_short", "fwd_d128_e4m3_causal_long"]
 # and their split twins (registry.SPLIT_TWIN_SUFFIX)
 FP8_REGISTRY_NAMES += [n + "_split" for n in FP8_REGISTRY_NAMES]
 
@@ -789,38 +789,42 @@ def test_checked_kernel_matches_the_v_layout(monkeypatch):
         fp8_ops._checked_kernel(natural, "bf16", False, False, plain)
 
 
+_SERIAL_192 = dict(block_m=192, num_consumer_warpgroups=3, pingpong=False, row_sums_mma=True)
+_PINGPONG_128 = dict(block_m=128, num_consumer_warpgroups=2, pingpong=True)
+
+
 @pytest.mark.parametrize("head_dim, causal, threshold, short, long", [
-    (64, False, 512, dict(intra_wg_overlap=True, inter_tile_overlap=True), dict(intra_wg_overlap=False)),
-    (64, True, 2048, dict(intra_wg_overlap=True, inter_tile_overlap=True, warpgroup_key_trim=True, stages=3),
-     dict(intra_wg_overlap=True, inter_tile_overlap=True)),
-    (128, False, 0, None, dict(intra_wg_overlap=False)),
-    (128, True, 4096, dict(intra_wg_overlap=False, warpgroup_key_trim=True), None),
+    (64, False, 512, dict(_SERIAL_192, block_n=128, intra_wg_overlap=True, inter_tile_overlap=True),
+     dict(_SERIAL_192, block_n=256, intra_wg_overlap=False, scores_f16=True, exp2_poly_every=8)),
+    (64, True, 2048, dict(_SERIAL_192, block_n=128, intra_wg_overlap=True, warpgroup_key_trim=True, stages=3),
+     dict(_SERIAL_192, block_n=128, intra_wg_overlap=True, inter_tile_overlap=True)),
+    (128, False, 1024, dict(_PINGPONG_128, block_n=256, scores_f16=True, exp2_poly_every=8),
+     dict(_SERIAL_192, block_n=256, q_buffers=1, intra_wg_overlap=False, scores_f16=True, exp2_poly_every=4)),
+    (128, True, 4096, dict(_SERIAL_192, block_n=128, intra_wg_overlap=False, warpgroup_key_trim=True,
+                           scores_f16=True, exp2_poly_every=8),
+     dict(_PINGPONG_128, block_n=192, scores_f16=True, exp2_poly_every=8)),
 ])
-def test_fp8_query_lengths_take_three_warpgroup_tiles(head_dim, causal, threshold, short, long) -> None:
-    """hdim 64 and 128 take 192 x 128 tiles on three consumer warpgroups (no pingpong, row sums on
-    the tensor cores) by query length (registry.FP8_SEQLEN_TILES): hdim 64 with intra-warpgroup
-    overlap (and chained tiles) up to 512 queries and the serial loop past them, causal overlapped
-    with per-warpgroup key trimming and three K/V stages up to 2k and untrimmed past it; hdim 128
-    the serial loop at every length, causal with trimming up to 4k and the 128 x 192 pingpong
-    kernel past it. The pingpong kernel also takes K/V scale blocks that 128 keys do not divide."""
+def test_fp8_query_lengths_take_their_tiles(head_dim, causal, threshold, short, long) -> None:
+    """The e4m3 tiles by query length (registry.FP8_SEQLEN_TILES): 192-row tiles on three consumer
+    warpgroups (row sums on the tensor cores), hdim 64 overlapped up to 512 queries and the serial
+    loop on 256-key blocks with fp16 scores past them, causal overlapped with per-warpgroup key
+    trimming and three K/V stages up to 2k; hdim 128 the 128 x 256 pingpong kernel up to 1k and
+    192 x 256 past it, both with fp16 scores, causal the serial loop with trimming up to 4k and
+    the 128 x 192 pingpong kernel past it, with fp16 scores. Scale blocks that a bucket's key
+    blocks do not divide take the default kernel (128 x 192 pingpong)."""
     name = f"fwd_d{head_dim}_e4m3" + ("_causal" if causal else "")
     default = fa3gen.registry.REGISTRY[name]
     assert default.pingpong and (default.block_m, default.block_n) == (128, 192)
-    for seqlen_q in sorted({1, max(threshold, 1), threshold + 1, 16384}):
+    for seqlen_q in sorted({1, threshold, threshold + 1, 16384}):
         bucket, fields = ("short", short) if seqlen_q <= threshold else ("long", long)
         spec = fa3gen.registry.default_fp8_spec(head_dim, head_dim, "bf16", causal, seqlen_q=seqlen_q)
-        if fields is None:
-            assert spec is default, (seqlen_q, spec.name)
-            continue
         assert spec is fa3gen.registry.REGISTRY[f"{name}_{bucket}"], (seqlen_q, spec.name)
-        assert (spec.block_m, spec.block_n, spec.num_consumer_warpgroups) == (192, 128, 3)
-        assert not spec.pingpong and spec.row_sums_mma
         assert all(getattr(spec, k) == v for k, v in fields.items()), (seqlen_q, spec.name)
         q, k, v = (torch.randn(1, seqlen_q, 2, head_dim) for _ in range(3))
         assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=causal, window=False) == bucket
-        assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 192)), causal, False) is None
+        assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 64)), causal, False) is None
     assert fa3gen.registry.default_fp8_spec(head_dim, head_dim, "bf16", causal, seqlen_q=4096, window=True).block_m == 128
-    assert fp8.default_block_rows(head_dim) == (128, 384)  # K/V blocks that 192- and 128-key blocks divide
+    assert fp8.default_block_rows(head_dim) == (128, 768)  # K/V blocks that 128-, 192- and 256-key blocks divide
 
 
 def test_fp8_dispatch_takes_the_long_tiles_only_on_scale_blocks_they_fit() -> None:
@@ -828,7 +832,10 @@ def test_fp8_dispatch_takes_the_long_tiles_only_on_scale_blocks_they_fit() -> No
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=False, window=False) == "long"
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=True, window=False) == "short"
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=False, window=True) is None
-    assert fp8_ops._seqlen_bucket(fp8.prepare(q[:, :1024], k, v), causal=False, window=False) == "long"
-    # 192-key scale blocks split the long kernel's 128-key blocks: the default kernel takes them
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q[:, :1024], k, v), causal=False, window=False) == "short"
+    # 384-key scale blocks split the long kernel's 256-key blocks: the default kernel takes them,
+    # unless Q and K are outside the fp16 scores' bound (its fp32-score tiles have 128-key blocks)
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 384)), False, False) is None
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 384), qk_max_abs=448.0), False, False) == "long"
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, block_size=(128, 192)), False, False) is None
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v, "head"), False, False) == "long"

@@ -11,8 +11,9 @@ import fa3gen
 from fa3gen import fp8, fp8_ops, registry
 from fa3gen.spec import FP16_MAX, SCORES_F16_QK_MAX, KernelSpec
 
-LONG = registry.REGISTRY["fwd_d128_e4m3_long"]  # scores_f16, exp2_poly_every=8
-# The same tiles with fp32 scores: the kernel for inputs outside the bound.
+LONG = registry.REGISTRY["fwd_d128_e4m3_long"]  # 192 x 256, scores_f16, exp2_poly_every=4
+# The kernel the fp8 op takes for the same problem when Q and K are outside the bound: fp32 scores
+# on 192 x 128 (fp32 scores of 256 keys do not fit three warpgroups' registers).
 PLAIN = registry.default_fp8_spec(128, 128, "bf16", False, seqlen_q="long", scores_f16_inputs=False)
 
 
@@ -21,18 +22,26 @@ def with_fields(spec: KernelSpec, **fields) -> KernelSpec:
 
 
 def test_scores_f16_spec_and_name():
-    assert LONG.scores_f16 and LONG.exp2_poly_every == 8
-    assert not PLAIN.scores_f16 and not PLAIN.exp2_poly_every
+    assert LONG.scores_f16 and LONG.exp2_poly_every == 4 and (LONG.block_m, LONG.block_n) == (192, 256)
+    assert not PLAIN.scores_f16 and not PLAIN.exp2_poly_every and (PLAIN.block_m, PLAIN.block_n) == (192, 128)
     assert with_fields(PLAIN, scores_f16=True).name == PLAIN.name + "_sh"
-    assert LONG.name == PLAIN.name + "_sh_pe8"
+    assert with_fields(PLAIN, scores_f16=True, exp2_poly_every=8).name == PLAIN.name + "_sh_pe8"
     # Left out of the canonical JSON at their defaults: the other kernels' sources and keys keep.
     assert "scores_f16" not in PLAIN.canonical_json() and "exp2_poly_every" not in PLAIN.canonical_json()
     assert KernelSpec.from_json(LONG.canonical_json()) == LONG
 
 
-def test_registry_takes_fp16_scores_for_the_serial_loops_only():
+def test_registry_takes_fp16_scores_and_their_fp32_fallbacks():
     f16 = {name for name, s in registry.REGISTRY.items() if s.kind == "fwd" and s.scores_f16}
-    assert f16 == {"fwd_d128_e4m3_long", "fwd_d64_e4m3_long", "fwd_d128_e4m3_long_split", "fwd_d64_e4m3_long_split"}
+    buckets = {"fwd_d128_e4m3_short", "fwd_d128_e4m3_long", "fwd_d128_e4m3_causal_short",
+               "fwd_d128_e4m3_causal_long", "fwd_d64_e4m3_long"}
+    assert f16 == buckets | {name + registry.SPLIT_TWIN_SUFFIX for name in buckets}
+    # Each bucket's fp32-score kernel keeps its kind of loop and key blocks the scale blocks hold.
+    for (d, causal, bucket), fields in registry.FP8_FP32_SCORE_TILES.items():
+        f32 = registry.default_fp8_spec(d, d, "bf16", causal, seqlen_q=bucket, scores_f16_inputs=False)
+        assert not f32.scores_f16 and f32.consumer_registers_estimate <= f32.register_split[1]
+        assert registry.fp8_bucket_block_n(d, causal, bucket, scores_f16_inputs=False) == f32.block_n
+        assert fp8.default_block_rows(d)[1] % f32.block_n == 0
 
 
 @pytest.mark.parametrize("fields, expected", [
@@ -48,10 +57,26 @@ def test_scores_f16_rejections(fields, expected):
         KernelSpec(**fields)
 
 
+def test_fp16_scores_take_half_the_registers():
+    # Two fp16 scores a register: 192 x 256 tiles fit three consumer warpgroups' 160 registers
+    # (S 64 + O 64 + 32) with fp16 scores, and not with fp32 ones (S 128).
+    wide = with_fields(LONG, block_n=256, q_buffers=1)
+    assert wide.score_registers == 64 and wide.consumer_registers_estimate == 160
+    with pytest.raises(ValueError, match=r"~224 registers per thread \(S 128 \+ O 64"):
+        with_fields(PLAIN, block_n=256, q_buffers=1)
+
+
+def test_masks_fp16_scores_in_pairs():
+    src = fa3gen.render(with_fields(LONG, causal=True))
+    assert "pair = (pair & keep) | (0xfc00fc00u & ~keep);" in src
+    assert "s(r, c) = -CUDART_INF_F" not in src
+    assert "s(r, c) = -CUDART_INF_F" in fa3gen.render(with_fields(PLAIN, causal=True))
+
+
 def test_render_scores_f16():
     src = fa3gen.render(LONG)
     assert "ss_op_selector<Element, Element, cutlass::half_t, TileQK>" in src
-    assert "/*kHalfScores=*/true, /*kExp2PolyEvery=*/8>" in src
+    assert "/*kHalfScores=*/true, /*kExp2PolyEvery=*/4>" in src
     plain = fa3gen.render(PLAIN)
     assert "ss_op_selector<Element, Element, float, TileQK>" in plain and "kHalfScores" not in plain
 

@@ -78,4 +78,4 @@ def test_dispatch_takes_the_twin_for_small_problems(monkeypatch):
     for spec in (KernelSpec(head_dim=128, softcap=True), registry.REGISTRY["fwd_d128_bf16_long_split"]):
         assert pick(spec, 1, 4096, 4096, 8) == spec
     # e4m3 (fa3gen.fp8_ops's dispatch): the registry's not-causal kernels have twins too
-    assert pick(registry.REGISTRY["fwd_d128_e4m3_long"], 1, 4096, 4096, 8) == registry.REGISTRY["fwd_d128_e4m3_long_split"]
+    assert pick(registry.REGISTRY["fwd_d128_e4m3_long"], 1, 8192, 8192, 4) == registry.REGISTRY["fwd_d128_e4m3_long_split"]

@@ -1,6 +1,6 @@
 """scores_f16 e4m3 kernels (S = Q·Kᵀ in fp16, the softmax on fp16 pairs) on the GPU against float64.
 
-Each kernel runs into NaN-poisoned outputs beside the same spec with fp32 scores, on the same
+Each kernel runs into NaN-poisoned outputs beside the fp32-score kernel of its problem, on the same
 prepared inputs (Q and K quantized to |x| <= 16, fa3gen.fp8.prepare's default): its O must be as
 close to the float64 attention of the dequantized inputs (within 10% of the fp32 kernel's error),
 its LSE within the row-sums tolerance plus 2^-10 of the largest |LSE| (test_fp8_gpu.check). Shapes: ragged (the mask path), GQA, sq != sk, scale blocks
@@ -30,19 +30,17 @@ SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (1,
           (3, 300, 2049, 4, 4)]
 
 
-def scores_f16(spec: fa3gen.KernelSpec) -> fa3gen.KernelSpec:
-    return fa3gen.KernelSpec(**{**spec.model_dump(exclude_unset=True), "scores_f16": True})
-
-
-# The serial loop (192 x 128, three warpgroups: the registry's at hdim 64 and 128, the latter with
-# every 8th pair's exp2 on the FMA pipe) and the pingpong overlapped one (128 x 192), causal or not;
-# beside each, the same tiles with fp32 scores.
-_F32 = dict(scores_f16_inputs=False)
-BASE_SPECS = [fa3gen.registry.default_fp8_spec(128, 128, "bf16", False, seqlen_q="long", **_F32),
-              fa3gen.registry.REGISTRY["fwd_d128_e4m3"], fa3gen.registry.REGISTRY["fwd_d128_e4m3_causal"],
-              fa3gen.registry.default_fp8_spec(64, 64, "bf16", False, seqlen_q="long", **_F32)]
-SPECS = [fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"], scores_f16(BASE_SPECS[1]), scores_f16(BASE_SPECS[2]),
-         fa3gen.registry.REGISTRY["fwd_d64_e4m3_long"]]
+# The registry's fp16-score kernels (every bucket of registry.FP8_SEQLEN_TILES with scores_f16:
+# 192 x 256 and 128 x 256 pingpong not causal, 192 x 128 trimmed and 128 x 192 pingpong causal,
+# hdim 64 192 x 256), each beside the fp32-score kernel the fp8 op takes for the same problem
+# when Q and K are not within the bound (registry.FP8_FP32_SCORE_TILES).
+_BUCKETS = [(d, causal, bucket) for (d, causal), tiers in fa3gen.registry.FP8_SEQLEN_TILES.items()
+            for bucket, _, fields in tiers if fields.get("scores_f16")]
+SPECS = [fa3gen.registry.fp8_bucket_spec(d, causal, bucket) for d, causal, bucket in _BUCKETS]
+BASE_SPECS = [fa3gen.registry.default_fp8_spec(d, d, "bf16", causal, seqlen_q=bucket, scores_f16_inputs=False)
+              for d, causal, bucket in _BUCKETS]
+LONG = fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"]
+assert len(SPECS) == 5 and LONG in SPECS
 assert all(s.scores_f16 and not b.scores_f16 for s, b in zip(SPECS, BASE_SPECS))
 
 
@@ -60,7 +58,7 @@ def test_scores_f16_as_accurate_as_fp32_scores(spec):
         assert rel <= 1.1 * rel_fp32 + 1e-4
 
 
-@pytest.mark.parametrize("spec", SPECS[:1], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [LONG], ids=lambda s: s.name)
 def test_scores_f16_at_the_bound(spec):
     """Q = K, rows of equal entries: the diagonal's scores are head_dim * max|q|^2, the largest the
     quantization lets through (32k of fp16's 65k here), and dominate their rows (LSEs up to ~70:
@@ -82,19 +80,19 @@ def test_scores_f16_paper_experiment():
     """The FA3 paper's accuracy experiment (outlier inputs, block quantization + Hadamard) on the
     scores_f16 kernel: RMSE against float64 attention of the unquantized inputs <= 9.1e-3 at 2k,
     and within 2% of the fp32-score kernel's."""
-    spec = SPECS[0]
+    spec = LONG
     q, k, v = fp8.outlier_inputs(1, 2048, 4, 128, seed=0, device="cuda")
     inputs = fp8.prepare(q, k, v, "block", hadamard=True, qk_max_abs=SCORES_F16_QK_MAX)
     ref, _ = attention_reference(q.double(), k.double(), v.double(), None, False)
     half = fp8.rmse(run_poisoned(inputs, False, kernel=fa3gen.compile(spec))[0], ref)
-    single = fp8.rmse(run_poisoned(inputs, False, kernel=fa3gen.compile(BASE_SPECS[0]))[0], ref)
+    single = fp8.rmse(run_poisoned(inputs, False, kernel=fa3gen.compile(BASE_SPECS[SPECS.index(spec)]))[0], ref)
     print(f"paper experiment s2048: RMSE scores_f16 {half:.3e}, fp32 scores {single:.3e}")
     assert half <= 9.1e-3 and half <= 1.02 * single
 
 
 def test_scores_f16_refuses_inputs_of_e4m3_range():
     """Q and K quantized to e4m3's whole range (448) could overflow fp16 scores: the kernel refuses them."""
-    spec = SPECS[0]
+    spec = LONG
     q, k, v = (torch.randn(1, 256, 2, 128, device="cuda") for _ in range(3))
     inputs = fp8.prepare(q, k, v, qk_max_abs=448.0)  # Q and K to e4m3's whole range
     with pytest.raises(ValueError, match="scores_f16"):

@@ -52,9 +52,12 @@ SPECS += [REGISTRY[name] for name in ("fwd_d128_bf16_causal_split", "fwd_d64_bf1
 FP8_SPECS = [_split(REGISTRY["fwd_d128_e4m3_long"]), _split(REGISTRY["fwd_d256_e4m3"]),
              REGISTRY["fwd_d128_e4m3_causal_short_split"], REGISTRY["fwd_d256_e4m3_causal_split"]]
 # Every other e4m3 twin: 128 x 192 pingpong (hdim 64 and 128, causal with Q in registers), hdim 64
-# 192 x 128 overlapped and serial, causal trimmed on three stages and untrimmed.
+# 192 x 128 overlapped and 192 x 256 serial (fp16 scores), causal trimmed on three stages and
+# untrimmed.
 FP8_SPECS += [REGISTRY[f"fwd_d{d}_e4m3{c}_split"] for d in (64, 128) for c in ("", "_causal")]
 FP8_SPECS += [REGISTRY[f"fwd_d64_e4m3{b}_split"] for b in ("_short", "_long", "_causal_short", "_causal_long")]
+# hdim 128's fp16-score pingpong twins: 128 x 256 not causal, 128 x 192 causal.
+FP8_SPECS += [REGISTRY[f"fwd_d128_e4m3{b}_split"] for b in ("_short", "_causal_long")]
 # (batch, seqlen_q, seqlen_k, nheads_q, nheads_kv): 44 tiles of 192 rows over 132 CTAs; 5 whole
 # waves and 44 split tiles; 16 tiles of 40 key blocks; one tile of 6 key blocks (shares of one
 # block or none); sq = 1; a partial wave of 113-row heads.
@@ -122,7 +125,7 @@ def test_the_fp8_op_takes_the_twin_for_small_problems():
     from fa3gen import fp8_ops
 
     for i, (b, sq, sk, h, d, split, causal) in enumerate([
-            (1, 4096, 4096, 8, 128, True, False), (4, 128, 16384, 8, 128, True, False),
+            (1, 8192, 8192, 4, 128, True, False), (4, 128, 16384, 8, 128, True, False),
             (1, 4096, 4096, 2, 256, True, False), (2, 1024, 1024, 8, 128, False, False),
             (4, 128, 16384, 8, 128, True, True), (2, 128, 8192, 8, 256, True, True)]):
         q, k, v = (ramped(b, s, h, d, 400 + 10 * i + j) for j, s in enumerate((sq, sk, sk)))
