@@ -198,7 +198,9 @@ _FP8_TILES_192 = {"block_m": 192, "block_n": 128}
 #   Earlier: fp32 -> fp16 scores on 192 x 128, s2k 860.1 -> 877.8, s16k 915.7 -> 967.5.
 # - hdim 128 causal, fp32 -> fp16 scores + every 8th: 192 x 128 trimmed s1k 539.0 -> 570.0, s2k
 #   684.6 -> 737.3, s4k 756.7 -> 826.0; 128 x 192 pingpong s8k 815.2 -> 917.7, s16k 845.4 ->
-#   955.1 (the 192 x 128 kernel with fp16 scores: 902.9 / 937.1).
+#   955.1. Past 1k 192 x 256 trimmed (one Q buffer, every 4th): 192 x 128 trimmed -> 128 x 192
+#   pingpong -> 192 x 256 s4k 796.6 -> 808.0 -> 893.0, s8k 869.6 -> 880.8 -> 1002.4, s16k 904.3 ->
+#   926.9 -> 1071.3; s512 404.8 -> 367.9, s1k 566.6 -> 559.2, s2k 744.2 -> 777.4 (192 x 128 -> 192 x 256).
 # - hdim 64 not causal, 192 x 128 fp16 scores -> 192 x 256 + every 8th: s1k 483.9 -> 574.3, s2k
 #   572.7 -> 676.4, s16k 656.8 -> 750.3. Causal: the serial loop with fp16 scores tied the
 #   overlapped one with fp32 (s2k 445.3 vs 455.0, s16k 625.0 vs 611.7): unchanged.
@@ -211,8 +213,8 @@ FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
                  ("long", None, _FP8_TILES_192)),
     (128, False): (("short", 1024, {"block_n": 256, **_SCORES_F16, "exp2_poly_every": 8}),
                    ("long", None, {**_WIDE_F16, "q_buffers": 1, "exp2_poly_every": 4})),
-    (128, True): (("short", 4096, {**_FP8_TILES_192, "warpgroup_key_trim": True, **_SCORES_F16, "exp2_poly_every": 8}),
-                  ("long", None, {**_SCORES_F16, "exp2_poly_every": 8})),
+    (128, True): (("short", 1024, {**_FP8_TILES_192, "warpgroup_key_trim": True, **_SCORES_F16, "exp2_poly_every": 8}),
+                  ("long", None, {**_WIDE_F16, "q_buffers": 1, "warpgroup_key_trim": True, "exp2_poly_every": 4})),
 }
 # The tiles of each fp16-score bucket for Q and K outside that bound (fp32 scores,
 # default_fp8_spec(scores_f16_inputs=False)): the previous registry kernels, where fp32 scores
@@ -222,7 +224,7 @@ FP8_FP32_SCORE_TILES: dict[tuple[int, bool, str], dict[str, Any]] = {
     (128, False, "short"): _FP8_TILES_192,
     (128, False, "long"): _FP8_TILES_192,
     (128, True, "short"): {**_FP8_TILES_192, "warpgroup_key_trim": True},
-    (128, True, "long"): {},
+    (128, True, "long"): {**_FP8_TILES_192, "warpgroup_key_trim": True},
 }
 assert {(d, c, name) for (d, c), tiers in FP8_SEQLEN_TILES.items() for name, _, fields in tiers
         if fields.get("scores_f16")} == set(FP8_FP32_SCORE_TILES)

@@ -800,17 +800,18 @@ _PINGPONG_128 = dict(block_m=128, num_consumer_warpgroups=2, pingpong=True)
      dict(_SERIAL_192, block_n=128, intra_wg_overlap=True, inter_tile_overlap=True)),
     (128, False, 1024, dict(_PINGPONG_128, block_n=256, scores_f16=True, exp2_poly_every=8),
      dict(_SERIAL_192, block_n=256, q_buffers=1, intra_wg_overlap=False, scores_f16=True, exp2_poly_every=4)),
-    (128, True, 4096, dict(_SERIAL_192, block_n=128, intra_wg_overlap=False, warpgroup_key_trim=True,
+    (128, True, 1024, dict(_SERIAL_192, block_n=128, intra_wg_overlap=False, warpgroup_key_trim=True,
                            scores_f16=True, exp2_poly_every=8),
-     dict(_PINGPONG_128, block_n=192, scores_f16=True, exp2_poly_every=8)),
+     dict(_SERIAL_192, block_n=256, q_buffers=1, intra_wg_overlap=False, warpgroup_key_trim=True, scores_f16=True,
+          exp2_poly_every=4)),
 ])
 def test_fp8_query_lengths_take_their_tiles(head_dim, causal, threshold, short, long) -> None:
     """The e4m3 tiles by query length (registry.FP8_SEQLEN_TILES): 192-row tiles on three consumer
     warpgroups (row sums on the tensor cores), hdim 64 overlapped up to 512 queries and the serial
     loop on 256-key blocks with fp16 scores past them, causal overlapped with per-warpgroup key
     trimming and three K/V stages up to 2k; hdim 128 the 128 x 256 pingpong kernel up to 1k and
-    192 x 256 past it, both with fp16 scores, causal the serial loop with trimming up to 4k and
-    the 128 x 192 pingpong kernel past it, with fp16 scores. Scale blocks that a bucket's key
+    192 x 256 past it, causal the serial loop with trimming on 192 x 128 up to 1k and on 192 x
+    256 past it, all with fp16 scores. Scale blocks that a bucket's key
     blocks do not divide take the default kernel (128 x 192 pingpong)."""
     name = f"fwd_d{head_dim}_e4m3" + ("_causal" if causal else "")
     default = fa3gen.registry.REGISTRY[name]
@@ -830,7 +831,8 @@ def test_fp8_query_lengths_take_their_tiles(head_dim, causal, threshold, short, 
 def test_fp8_dispatch_takes_the_long_tiles_only_on_scale_blocks_they_fit() -> None:
     q, k, v = (torch.randn(1, 1100, 2, 128) for _ in range(3))
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=False, window=False) == "long"
-    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=True, window=False) == "short"
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=True, window=False) == "long"
+    assert fp8_ops._seqlen_bucket(fp8.prepare(q[:, :1024], k, v), causal=True, window=False) == "short"
     assert fp8_ops._seqlen_bucket(fp8.prepare(q, k, v), causal=False, window=True) is None
     assert fp8_ops._seqlen_bucket(fp8.prepare(q[:, :1024], k, v), causal=False, window=False) == "short"
     # 384-key scale blocks split the long kernel's 256-key blocks: the default kernel takes them,

@@ -31,8 +31,8 @@ SHAPES = [(2, 1000, 1000, 4, 2), (1, 113, 1000, 8, 1), (1, 1000, 113, 4, 4), (1,
 
 
 # The registry's fp16-score kernels (every bucket of registry.FP8_SEQLEN_TILES with scores_f16:
-# 192 x 256 and 128 x 256 pingpong not causal, 192 x 128 trimmed and 128 x 192 pingpong causal,
-# hdim 64 192 x 256), each beside the fp32-score kernel the fp8 op takes for the same problem
+# 192 x 256 and 128 x 256 pingpong not causal, 192 x 128 and 192 x 256 trimmed causal, hdim 64
+# 192 x 256), each beside the fp32-score kernel the fp8 op takes for the same problem
 # when Q and K are not within the bound (registry.FP8_FP32_SCORE_TILES).
 _BUCKETS = [(d, causal, bucket) for (d, causal), tiers in fa3gen.registry.FP8_SEQLEN_TILES.items()
             for bucket, _, fields in tiers if fields.get("scores_f16")]
