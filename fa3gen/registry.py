@@ -165,8 +165,8 @@ REGISTRY.update({
 # FP8 forward tiles by query length, as SEQLEN_TILES (fields over the e4m3 defaults, FP8_TILES):
 # 192-row tiles on three consumer warpgroups (each warpgroup's own Q factor lets 128-row Q scale
 # blocks span a tile) wherever they measured faster than the 128 x 192 pingpong kernel, which stays
-# for K/V scale blocks that the buckets' key blocks do not divide, for hdim 128 causal past 4k
-# queries (with fp16 scores) and for hdim 256; fp16 scores and 256-key blocks below. The loop by length (H200, 2026-12-04, one process, `scripts/bench_fp8.py --spec ...
+# for K/V scale blocks that the buckets' key blocks do not divide and for hdim 256; fp16 scores
+# and 256-key blocks below. The loop by length (H200, 2026-12-04, one process, `scripts/bench_fp8.py --spec ...
 # --candidate-blocks prepare`: each candidate interleaved with the previous default on the same
 # prepared inputs, TFLOP/s, previous -> new; two processes where two figures):
 # - hdim 128 not causal, the serial loop at every length (was: past 1k): s512 532.9 -> 618.7,
@@ -261,15 +261,21 @@ def fp8_bucket_spec(head_dim: int, causal: bool, bucket: str) -> KernelSpec:
     return REGISTRY[_bucket_name(head_dim, "e4m3", bool(causal), bucket)]
 
 
+def _fp8_tiles(head_dim: int, causal: bool, bucket: str | None, scores_f16_inputs: bool) -> dict[str, Any]:
+    """The spec fields (over the e4m3 defaults) of a bucket of FP8_SEQLEN_TILES ({} for none), or
+    its fp32-score tiles (FP8_FP32_SCORE_TILES) for inputs outside scores_f16's bound."""
+    tiles = _bucket_fields(FP8_SEQLEN_TILES.get((head_dim, bool(causal))), bucket)
+    if not scores_f16_inputs and tiles.get("scores_f16"):
+        return FP8_FP32_SCORE_TILES[(head_dim, bool(causal), bucket)]
+    return tiles
+
+
 def fp8_bucket_block_n(head_dim: int, causal: bool, bucket: str, scores_f16_inputs: bool = True) -> int:
     """The key-block rows of the kernel default_fp8_spec takes for a bucket (its fp32-score tiles
     for inputs outside scores_f16's bound): the K/V scale blocks must be multiples of it."""
-    spec = fp8_bucket_spec(head_dim, causal, bucket)
-    if spec.scores_f16 and not scores_f16_inputs:
-        from .spec import FP8_TILES
+    from .spec import FP8_TILES
 
-        return FP8_FP32_SCORE_TILES[(head_dim, bool(causal), bucket)].get("block_n", FP8_TILES[head_dim][1])
-    return spec.block_n
+    return _fp8_tiles(head_dim, causal, bucket, scores_f16_inputs).get("block_n", FP8_TILES[head_dim][1])
 
 
 def fp8_key_block_sizes(head_dim: int) -> tuple[int, ...]:
@@ -388,9 +394,7 @@ def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: boo
     if out is None:
         raise ValueError(f"out_dtype={out_dtype!r} is not supported: use 'bf16' or 'fp16'")
     bucket = fp8_seqlen_bucket(head_dim, head_dim_v, causal, window, v_transpose_in_kernel, seqlen_q)
-    tiles = _bucket_fields(FP8_SEQLEN_TILES.get((head_dim, bool(causal))), bucket)
-    if not scores_f16_inputs and tiles.get("scores_f16"):
-        tiles = FP8_FP32_SCORE_TILES[(head_dim, bool(causal), bucket)]
+    tiles = _fp8_tiles(head_dim, causal, bucket, scores_f16_inputs)
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
                       window=bool(window), v_transpose_in_kernel=bool(v_transpose_in_kernel),
                       **tiles, **({} if power_of_two_v_scales else {"lazy_rescale": False}))

@@ -71,7 +71,8 @@ SPECS = {
     "d128_e4m3_v_transpose_in_kernel": KernelSpec(head_dim=128, dtype="e4m3", v_transpose_in_kernel=True),
     # FP8 past 1k queries: three consumer warpgroups without intra-warpgroup overlap (the serial
     # loop, each block's descale factors loaded a block ahead), row sums on the tensor cores,
-    # scores in fp16 with the softmax on fp16 pairs, every 8th pair's exp2 on the FMA pipe.
+    # scores in fp16 with the softmax on fp16 pairs (192 x 256 tiles), every 4th pair's exp2 on
+    # the FMA pipe.
     "fwd_d128_e4m3_long": REGISTRY["fwd_d128_e4m3_long"],
     # The split twin of the hdim 128 three-warpgroup kernel: the last wave's tiles in pieces along
     # the keys, each tile's owner merging the others' partials from the workspace.
