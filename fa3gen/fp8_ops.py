@@ -22,7 +22,7 @@ import torch
 from fa3gen import ops, registry
 from fa3gen.abi import Descale, FwdParams
 from fa3gen.fp8 import Fp8Inputs, Granularity, Quantized, padded_keys, prepare
-from fa3gen.spec import FP16_MAX, SCORES_F16_QK_MAX, WGMMA_M, _lazy_rescale_default
+from fa3gen.spec import FP16_MAX, WGMMA_M, _lazy_rescale_default, scores_f16_qk_max
 from fa3gen.variant_args import VariantArgs
 
 __all__ = ["flash_attn_fp8_func", "fp8_attention"]
@@ -170,7 +170,7 @@ def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: boo
     if spec.scores_f16 and not scores_fit_f16(inputs):
         raise ValueError(
             f"fa3gen: kernel {spec.name} accumulates the scores in fp16 (scores_f16), which needs q and k quantized "
-            f"to |x| <= {SCORES_F16_QK_MAX:g} (fa3gen.fp8.prepare's default qk_max_abs); these say |q| <= "
+            f"to |x| <= {scores_f16_qk_max(spec.head_dim):.5g} (fa3gen.fp8.prepare's qk_max_abs); these say |q| <= "
             f"{inputs.q.max_abs:g}, |k| <= {inputs.k.max_abs:g}: pass a spec with scores_f16=False")
     if spec.v_transpose_in_kernel != transposes_v:
         raise ValueError(f"fa3gen: kernel {spec.name} takes V " + (

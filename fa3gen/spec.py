@@ -178,6 +178,14 @@ FP8_UNIT_LOG2_RANGE = 2
 # e4m3 subnormals, each off by at most 2^-14 of it: under the rounding of the values that matter.
 SCORES_F16_QK_MAX = 16.0
 FP16_MAX = 65504.0
+
+
+def scores_f16_qk_max(head_dim: int) -> float:
+    """The |q|, |k| bound under which every score of a head dim is finite in fp16:
+    SCORES_F16_QK_MAX, or sqrt(65504 / head_dim) where that is less (hdim 256: 15.996)."""
+    return min(SCORES_F16_QK_MAX, (FP16_MAX / head_dim) ** 0.5)
+
+
 # e4m3 forward kernels rescale O lazily by default from head_dim_v 192, where it is faster; it was
 # opt-in while it was less accurate. Measured on the H200 (2026-12-02, scripts/bench_fp8.py, interleaved with the
 # eager kernel in one process, 16k tokens, TFLOP/s eager -> lazy): hdim 256 s4k 986.6 -> 1042.3,
@@ -854,8 +862,8 @@ class KernelSpec(BaseModel):
     # pairs (HMNMX2, HFMA2: one instruction for two scores where fp32 takes two), the exp2 as fp16
     # and P cast to e4m3 from fp16 pairs. The fp8 key-block loop is bound by its issue slots and
     # the MUFU, not by the GEMMs (BENCHMARKS.md, the ncu note of the FP8 sections). Needs Q and K
-    # quantized to |x| <= SCORES_F16_QK_MAX, so |S| <= head_dim * 16 * 16 stays finite in fp16
-    # (fa3gen.fp8.prepare does by default; fa3gen.fp8_ops runs such a kernel only on inputs that
+    # quantized to |x| <= scores_f16_qk_max(head_dim) (16; 15.996 at hdim 256), so |S| stays finite in
+    # fp16 (fa3gen.fp8.prepare does by default up to hdim 192; at 256 pass it qk_max_abs; fa3gen.fp8_ops runs such a kernel only on inputs that
     # say so, and for others the registry's kernel with fp32 scores), the row sums on the tensor
     # cores and the eager rescale (_scores_f16_blockers). Off unless set (the registry sets it
     # for its hdim 64 serial loop and its hdim 128 kernels by query length).
@@ -1132,8 +1140,6 @@ class KernelSpec(BaseModel):
         if self.lazy_rescale or not self.row_sums_mma:
             why.append("lazy_rescale=False and row_sums_mma=True (the row sums of fp16 P on the tensor cores, "
                        "in fp32)")
-        if self.head_dim * SCORES_F16_QK_MAX**2 > FP16_MAX:
-            why.append(f"head_dim * {SCORES_F16_QK_MAX:g}^2 <= {FP16_MAX:g}")
         return why
 
     def _check_narrow_edge_block(self) -> None:
