@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch
 
-from .spec import FP16_MAX, SCORES_F16_QK_MAX
+from .spec import SCORES_F16_QK_MAX, scores_f16_qk_max
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 INV_E4M3_MAX = 1.0 / E4M3_MAX  # exact in fp32 only after rounding: scales are amax times its fp32 value
@@ -271,7 +271,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_bshd(t, name)
     if qk_max_abs is None:
-        qk_max_abs = SCORES_F16_QK_MAX if q.shape[-1] * SCORES_F16_QK_MAX**2 <= FP16_MAX else E4M3_MAX
+        qk_max_abs = SCORES_F16_QK_MAX if scores_f16_qk_max(q.shape[-1]) == SCORES_F16_QK_MAX else E4M3_MAX
     if block_size is None:
         q_rows, kv_rows = default_block_rows(q.shape[-1]) if granularity == "block" else (128, 128)
     elif isinstance(block_size, int):

@@ -862,9 +862,10 @@ class KernelSpec(BaseModel):
     # pairs (HMNMX2, HFMA2: one instruction for two scores where fp32 takes two), the exp2 as fp16
     # and P cast to e4m3 from fp16 pairs. The fp8 key-block loop is bound by its issue slots and
     # the MUFU, not by the GEMMs (BENCHMARKS.md, the ncu note of the FP8 sections). Needs Q and K
-    # quantized to |x| <= scores_f16_qk_max(head_dim) (16; 15.996 at hdim 256), so |S| stays finite in
-    # fp16 (fa3gen.fp8.prepare does by default up to hdim 192; at 256 pass it qk_max_abs; fa3gen.fp8_ops runs such a kernel only on inputs that
-    # say so, and for others the registry's kernel with fp32 scores), the row sums on the tensor
+    # quantized to |x| <= scores_f16_qk_max(head_dim) (16; 15.996 at hdim 256), so |S| stays finite
+    # in fp16 (fa3gen.fp8.prepare does by default up to hdim 192, at 256 given qk_max_abs;
+    # fa3gen.fp8_ops runs such a kernel only on inputs that say so, and for others the registry's
+    # kernel with fp32 scores), the row sums on the tensor
     # cores and the eager rescale (_scores_f16_blockers). Off unless set (the registry sets it
     # for its hdim 64 serial loop and its hdim 128 kernels by query length).
     scores_f16: bool = False
