@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch
 
-from .spec import SCORES_F16_QK_MAX, scores_f16_qk_max
+from .spec import scores_f16_qk_max
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 INV_E4M3_MAX = 1.0 / E4M3_MAX  # exact in fp32 only after rounding: scales are amax times its fp32 value
@@ -69,7 +69,7 @@ class Quantized:
     power_of_two: bool = False
     # The largest |value| the data may hold (the quantization's target range, fp8.range_factor):
     # e4m3's 448, or less for Q and K of the scores_f16 kernels, whose fp16 scores need
-    # |q|, |k| <= spec.SCORES_F16_QK_MAX. The producer's statement, like power_of_two.
+    # |q|, |k| <= spec.scores_f16_qk_max(head_dim). The producer's statement, like power_of_two.
     max_abs: float = E4M3_MAX
 
     @property
@@ -256,10 +256,11 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     ``fa3gen.fp8_ops.flash_attn_fp8_func`` then picks).
 
     qk_max_abs: Q and K quantized to |x| <= this (``quantize_e4m3``'s max_abs). None:
-    ``spec.SCORES_F16_QK_MAX`` (16) where it keeps every score finite in fp16 (head_dim * 16^2 <=
-    65504: up to hdim 192), the bound the scores_f16 kernels need, at no cost in accuracy (FA3
-    paper's experiment: RMSE 8.998e-3 at 448 and at 16, CPU emulation; 8.978e-3 both on the GPU);
-    at hdim 256 e4m3's 448. Inputs outside the bound take fp32-score kernels.
+    ``spec.scores_f16_qk_max(head_dim)``, which keeps every score finite in fp16 (16 up to hdim
+    192, sqrt(65504 / 256) = 15.996 at 256), the bound the scores_f16 kernels need, at no cost in
+    accuracy (FA3 paper's experiment: RMSE 8.998e-3 at 448 and at 16, CPU emulation; 8.978e-3
+    both on the GPU; hdim 256 s8k 8.0005e-3 at 16 on the lazy fp32-score kernel, H100). Inputs
+    outside the bound take fp32-score kernels.
 
     fused: run the fused prepare kernels (``fa3gen.fp8_prepare``: Hadamard, amax, cast and V's
     layout in a few memory-bound passes, JIT-compiled like the attention kernels) instead of
@@ -271,7 +272,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_bshd(t, name)
     if qk_max_abs is None:
-        qk_max_abs = SCORES_F16_QK_MAX if scores_f16_qk_max(q.shape[-1]) == SCORES_F16_QK_MAX else E4M3_MAX
+        qk_max_abs = scores_f16_qk_max(q.shape[-1])
     if block_size is None:
         q_rows, kv_rows = default_block_rows(q.shape[-1]) if granularity == "block" else (128, 128)
     elif isinstance(block_size, int):

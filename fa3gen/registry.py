@@ -123,11 +123,12 @@ def _bucket_name(head_dim: int, dtype: str, causal: bool, bucket: str) -> str:
 
 
 def _bucket_specs(tiles: dict[tuple[int, bool], SeqlenTiers], dtypes: tuple[str, ...]) -> dict[str, KernelSpec]:
-    """The registry entries of a table of tiles by query length (one per bucket and dtype)."""
+    """The registry entries of a table of tiles by query length (one per bucket with fields of its
+    own and dtype; a bucket without is the default kernel's)."""
     return {
         _bucket_name(d, dtype, causal, bucket): KernelSpec(head_dim=d, dtype=dtype, causal=causal, **fields)
         for (d, causal), tiers in tiles.items()
-        for bucket, _, fields in tiers
+        for bucket, _, fields in tiers if fields
         for dtype in dtypes
     }
 
@@ -204,8 +205,17 @@ _FP8_TILES_192 = {"block_m": 192, "block_n": 128}
 # - hdim 64 not causal, 192 x 128 fp16 scores -> 192 x 256 + every 8th: s1k 483.9 -> 574.3, s2k
 #   572.7 -> 676.4, s16k 656.8 -> 750.3. Causal: the serial loop with fp16 scores tied the
 #   overlapped one with fp32 (s2k 445.3 vs 455.0, s16k 625.0 vs 611.7): unchanged.
+# - hdim 256 past 2k, not causal and causal: 128 x 192 pingpong with fp16 scores (O staged in the
+#   V buffer, one Q buffer; S 48 + O 128 registers of the pingpong consumers' 240) against the
+#   lazy fp32-score 128 x 128 kernel (H100, 2026-12-06, compare_fp8_shapes.py --qk-max-abs 16,
+#   8 heads): s4k 1065.7 -> 1177.4, s8k 1140.7 -> 1243.5, s16k 1168.3 -> 1241.8; causal 978.6 ->
+#   1006.9, 1036.5 -> 1096.3, 1069.6 -> 1149.6 (128 x 128 and 128 x 160 with fp16 scores: within
+#   -1.4% to +1.4% of the lazy kernel). bench_fp8.py beside fa3gen's bf16 kernel: s16k 1203.7 ->
+#   1298.4 (1.66x bf16's 781.3), s8k 1139.7 -> 1255.9, causal s16k 1046.7 -> 1163.3. Up to 2k
+#   not measured: the lazy kernel stays.
 _SCORES_F16 = {"scores_f16": True}
 _WIDE_F16 = {"block_m": 192, "block_n": 256, "intra_wg_overlap": False, **_SCORES_F16}
+_WIDE_F16_256 = {"block_n": 192, "q_buffers": 1, "lazy_rescale": False, "row_sums_mma": True, **_SCORES_F16}
 FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
     (64, False): (("short", 512, _FP8_TILES_192),
                   ("long", None, {**_WIDE_F16, "exp2_poly_every": 8})),
@@ -215,6 +225,9 @@ FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
                    ("long", None, {**_WIDE_F16, "q_buffers": 1, "exp2_poly_every": 4})),
     (128, True): (("short", 1024, {**_FP8_TILES_192, "warpgroup_key_trim": True, **_SCORES_F16, "exp2_poly_every": 8}),
                   ("long", None, {**_WIDE_F16, "q_buffers": 1, "warpgroup_key_trim": True, "exp2_poly_every": 4})),
+    # ("short", ..., {}): the default kernel's tiles (its registry entry, no bucket entry of its own)
+    (256, False): (("short", 2048, {}), ("long", None, _WIDE_F16_256)),
+    (256, True): (("short", 2048, {}), ("long", None, _WIDE_F16_256)),
 }
 # The tiles of each fp16-score bucket for Q and K outside that bound (fp32 scores,
 # default_fp8_spec(scores_f16_inputs=False)): the previous registry kernels, where fp32 scores
@@ -225,6 +238,8 @@ FP8_FP32_SCORE_TILES: dict[tuple[int, bool, str], dict[str, Any]] = {
     (128, False, "long"): _FP8_TILES_192,
     (128, True, "short"): {**_FP8_TILES_192, "warpgroup_key_trim": True},
     (128, True, "long"): {**_FP8_TILES_192, "warpgroup_key_trim": True},
+    (256, False, "long"): {},
+    (256, True, "long"): {},
 }
 assert {(d, c, name) for (d, c), tiers in FP8_SEQLEN_TILES.items() for name, _, fields in tiers
         if fields.get("scores_f16")} == set(FP8_FP32_SCORE_TILES)
@@ -258,7 +273,15 @@ def fp8_seqlen_bucket(head_dim: int, head_dim_v: int, causal: bool, window: bool
 def fp8_bucket_spec(head_dim: int, causal: bool, bucket: str) -> KernelSpec:
     """The registry's e4m3 kernel of a bucket of fp8_seqlen_bucket (bf16 out; the tiles are the
     same for fp16)."""
-    return REGISTRY[_bucket_name(head_dim, "e4m3", bool(causal), bucket)]
+    return REGISTRY[_fp8_registry_name(head_dim, causal, bucket, _fp8_tiles(head_dim, causal, bucket, True))]
+
+
+def _fp8_registry_name(head_dim: int, causal: bool, bucket: str | None, tiles: dict[str, Any]) -> str:
+    """The registry name of a bucket's e4m3 kernel with these tiles: the default kernel's where
+    they are the defaults (a bucket without fields of its own, or its fp32-score tiles)."""
+    if bucket is None or not tiles:
+        return _registry_name(head_dim, "e4m3", bool(causal))
+    return _bucket_name(head_dim, "e4m3", bool(causal), bucket)
 
 
 def _fp8_tiles(head_dim: int, causal: bool, bucket: str | None, scores_f16_inputs: bool) -> dict[str, Any]:
@@ -398,9 +421,7 @@ def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: boo
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
                       window=bool(window), v_transpose_in_kernel=bool(v_transpose_in_kernel),
                       **tiles, **({} if power_of_two_v_scales else {"lazy_rescale": False}))
-    name = _registry_name(head_dim, "e4m3", bool(causal))
-    if bucket is not None:
-        name = _bucket_name(head_dim, "e4m3", bool(causal), bucket)
+    name = _fp8_registry_name(head_dim, causal, bucket, tiles)
     return REGISTRY[name] if REGISTRY.get(name) == spec else spec
 
 

@@ -863,11 +863,11 @@ class KernelSpec(BaseModel):
     # and P cast to e4m3 from fp16 pairs. The fp8 key-block loop is bound by its issue slots and
     # the MUFU, not by the GEMMs (BENCHMARKS.md, the ncu note of the FP8 sections). Needs Q and K
     # quantized to |x| <= scores_f16_qk_max(head_dim) (16; 15.996 at hdim 256), so |S| stays finite
-    # in fp16 (fa3gen.fp8.prepare does by default up to hdim 192, at 256 given qk_max_abs;
-    # fa3gen.fp8_ops runs such a kernel only on inputs that say so, and for others the registry's
-    # kernel with fp32 scores), the row sums on the tensor
-    # cores and the eager rescale (_scores_f16_blockers). Off unless set (the registry sets it
-    # for its hdim 64 serial loop and its hdim 128 kernels by query length).
+    # in fp16 (fa3gen.fp8.prepare does by default; fa3gen.fp8_ops runs such a kernel only on
+    # inputs that say so, and for others the registry's kernel with fp32 scores), the row sums on
+    # the tensor cores and the eager rescale (_scores_f16_blockers). Off unless set (the registry
+    # sets it for its hdim 64 serial loop, its hdim 128 kernels by query length and hdim 256 past
+    # 2k queries).
     scores_f16: bool = False
     # With scores_f16: every n-th pair of a row's scores takes its exp2 from a degree-2 polynomial
     # on the FMA pipe (nine instructions a pair) instead of the MUFU (two ops a pair), which the

@@ -309,9 +309,10 @@ def test_registry_holds_the_bwd_specs():
         assert registry.resolve(name) is spec and registry.display_name(spec) == name
     fwd = [name for name, spec in REGISTRY.items() if spec.kind == "fwd"]
     # 16-bit, 6 e4m3, and the query-length tiles of registry.SEQLEN_TILES (each bucket with fields
-    # of its own, bf16 and fp16) and of FP8_SEQLEN_TILES, and a split twin of each
+    # of its own, bf16 and fp16) and of FP8_SEQLEN_TILES (those with fields of their own), and a
+    # split twin of each
     buckets = sum(len(tiers) for tiers in registry.SEQLEN_TILES.values())
-    fp8_buckets = sum(len(tiers) for tiers in registry.FP8_SEQLEN_TILES.values())
+    fp8_buckets = sum(bool(fields) for tiers in registry.FP8_SEQLEN_TILES.values() for _, _, fields in tiers)
     plain = 20 + 6 + 2 * buckets + fp8_buckets
     assert len(fwd) == 2 * plain and all(name.startswith("fwd_") for name in fwd)
     assert all(REGISTRY[name + registry.SPLIT_TWIN_SUFFIX].split_tail for name in fwd if not REGISTRY[name].split_tail)

@@ -229,7 +229,8 @@ def test_canonical_json_round_trip(fields):
 
 FP8_REGISTRY_NAMES = [f"fwd_d{d}_e4m3{c}" for d in (64, 128, 256) for c in ("", "_causal")] + [
     "fwd_d64_e4m3_short", "fwd_d64_e4m3_long", "fwd_d64_e4m3_causal_short", "fwd_d64_e4m3_causal_long",
-    "fwd_d128_e4m3_short", "fwd_d128_e4m3_long", "fwd_d128_e4m3_causal_short", "fwd_d128_e4m3_causal_long"]
+    "fwd_d128_e4m3_short", "fwd_d128_e4m3_long", "fwd_d128_e4m3_causal_short", "fwd_d128_e4m3_causal_long",
+    "fwd_d256_e4m3_long", "fwd_d256_e4m3_causal_long"]
 # and their split twins (registry.SPLIT_TWIN_SUFFIX)
 FP8_REGISTRY_NAMES += [n + "_split" for n in FP8_REGISTRY_NAMES]
 

@@ -34,7 +34,7 @@ def test_scores_f16_spec_and_name():
 def test_registry_takes_fp16_scores_and_their_fp32_fallbacks():
     f16 = {name for name, s in registry.REGISTRY.items() if s.kind == "fwd" and s.scores_f16}
     buckets = {"fwd_d128_e4m3_short", "fwd_d128_e4m3_long", "fwd_d128_e4m3_causal_short",
-               "fwd_d128_e4m3_causal_long", "fwd_d64_e4m3_long"}
+               "fwd_d128_e4m3_causal_long", "fwd_d64_e4m3_long", "fwd_d256_e4m3_long", "fwd_d256_e4m3_causal_long"}
     assert f16 == buckets | {name + registry.SPLIT_TWIN_SUFFIX for name in buckets}
     # Each bucket's fp32-score kernel keeps its kind of loop and key blocks the scale blocks hold.
     for (d, causal, bucket), fields in registry.FP8_FP32_SCORE_TILES.items():
@@ -130,9 +130,10 @@ def test_prepare_bounds_q_and_k_not_v():
     assert inputs.v.max_abs == fp8.E4M3_MAX
     assert fp8_ops.scores_fit_f16(inputs)
     assert not fp8_ops.scores_fit_f16(fp8.prepare(q, k, v, fused=False, qk_max_abs=fp8.E4M3_MAX))
-    # No fp16 bound at hdim 256 (256 * 16^2 > 65504): e4m3's whole range there.
-    wide = [torch.randn(1, 200, 2, 256) for _ in range(3)]
-    assert fp8.prepare(*wide, fused=False).q.max_abs == fp8.E4M3_MAX
+    # hdim 256: within sqrt(65504 / 256) (256 * 16^2 > 65504), which power-of-two scales keep to 14.
+    wide = fp8.prepare(*(torch.randn(1, 200, 2, 256) for _ in range(3)), fused=False)
+    assert wide.q.max_abs <= scores_f16_qk_max(256) and wide.k.max_abs <= scores_f16_qk_max(256)
+    assert wide.v.max_abs == fp8.E4M3_MAX and fp8_ops.scores_fit_f16(wide)
 
 
 def test_checked_kernel_refuses_unbounded_inputs_for_a_scores_f16_kernel():
@@ -154,3 +155,23 @@ def test_default_kernel_has_fp32_scores_for_unbounded_inputs(monkeypatch):
     assert fp8_ops._checked_kernel(fp8.prepare(q, k, v, fused=False), "bf16", False, False).spec == LONG
     wide = fp8.prepare(q, k, v, fused=False, qk_max_abs=fp8.E4M3_MAX)
     assert fp8_ops._checked_kernel(wide, "bf16", False, False).spec == PLAIN
+
+
+def test_hdim_256_takes_fp16_scores_past_2k_queries(monkeypatch):
+    """hdim 256 (registry.FP8_SEQLEN_TILES): the lazy fp32-score kernel up to 2k queries, past them
+    the 128 x 192 fp16-score kernel on prepare's default inputs (K/V blocks of 384 rows, which 128-
+    and 192-key blocks divide), and the lazy kernel again for Q and K outside the fp16 bound."""
+    monkeypatch.setattr(fa3gen, "compile", lambda spec: type("K", (), {"spec": spec})())
+    monkeypatch.setattr(fa3gen.ops, "_KERNELS", {})
+    assert fp8.default_block_rows(256) == (128, 384)
+    for causal in (False, True):
+        name = "fwd_d256_e4m3" + ("_causal" if causal else "")
+        long = registry.REGISTRY[name + "_long"]
+        assert (long.block_m, long.block_n, long.pingpong, long.scores_f16, long.lazy_rescale) == (128, 192, True, True, False)
+        assert registry.registry_name(long) == name + "_long"
+        for seqlen_q, want in ((2048, name), (2049, name + "_long")):
+            q, k, v = (torch.randn(1, seqlen_q, 2, 256) for _ in range(3))
+            assert fp8_ops._checked_kernel(fp8.prepare(q, k, v, fused=False), "bf16", causal, False).spec \
+                is registry.REGISTRY[want]
+        wide = fp8.prepare(q, k, v, fused=False, qk_max_abs=fp8.E4M3_MAX)
+        assert fp8_ops._checked_kernel(wide, "bf16", causal, False).spec is registry.REGISTRY[name]
