@@ -22,7 +22,7 @@ import torch
 from fa3gen import ops, registry
 from fa3gen.abi import Descale, FwdParams
 from fa3gen.fp8 import Fp8Inputs, Granularity, Quantized, padded_keys, prepare
-from fa3gen.spec import FP16_MAX, WGMMA_M, _lazy_rescale_default, scores_f16_qk_max
+from fa3gen.spec import FP16_MAX, WGMMA_M, _lazy_rescale_default, e4m3_round_up, scores_f16_qk_max
 from fa3gen.variant_args import VariantArgs
 
 __all__ = ["flash_attn_fp8_func", "fp8_attention"]
@@ -65,8 +65,10 @@ def _seqlen_bucket(inputs: Fp8Inputs, causal: bool, window: bool) -> str | None:
 
 def scores_fit_f16(inputs: Fp8Inputs) -> bool:
     """Whether every score of these inputs is finite in fp16 (a scores_f16 kernel may take them):
-    |q·k| <= head_dim * max|q| * max|k| <= 65504, by the bounds the quantization states."""
-    return inputs.q.data.shape[-1] * inputs.q.max_abs * inputs.k.max_abs <= FP16_MAX
+    |q·k| <= head_dim * max|q| * max|k| <= 65504, by the bounds the quantization states, each
+    rounded up to an e4m3 value (what the cast may round a value at the bound to)."""
+    q_max, k_max = (e4m3_round_up(x.max_abs) for x in (inputs.q, inputs.k))
+    return inputs.q.data.shape[-1] * q_max * k_max <= FP16_MAX
 
 
 def _check_inputs(x: Fp8Inputs) -> None:

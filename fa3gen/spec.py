@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -180,10 +181,28 @@ SCORES_F16_QK_MAX = 16.0
 FP16_MAX = 65504.0
 
 
+def _e4m3_step(x: float) -> float:
+    """The spacing of float8_e4m3fn values around x > 0 (three mantissa bits; subnormal below 2^-6)."""
+    return 2.0 ** (max(math.floor(math.log2(x)), -6) - 3)
+
+
+def e4m3_round_down(x: float) -> float:
+    """The largest float8_e4m3fn value <= x (x in (0, 448])."""
+    return math.floor(x / _e4m3_step(x)) * _e4m3_step(x)
+
+
+def e4m3_round_up(x: float) -> float:
+    """The smallest float8_e4m3fn value >= x (x in (0, 448]): the largest a value quantized
+    within x can become, e4m3's cast rounding to nearest."""
+    return math.ceil(x / _e4m3_step(x)) * _e4m3_step(x)
+
+
 def scores_f16_qk_max(head_dim: int) -> float:
-    """The |q|, |k| bound under which every score of a head dim is finite in fp16:
-    SCORES_F16_QK_MAX, or sqrt(65504 / head_dim) where that is less (hdim 256: 15.996)."""
-    return min(SCORES_F16_QK_MAX, (FP16_MAX / head_dim) ** 0.5)
+    """The |q|, |k| bound under which every score of a head dim is finite in fp16: an e4m3 value
+    (so the cast rounds nothing past it), SCORES_F16_QK_MAX or the largest under sqrt(65504 /
+    head_dim) where that is less (hdim 256: 15, under 15.996; quantized to 15.996, a value could
+    round to 16 and a score reach 256 * 16^2 = 65536)."""
+    return min(SCORES_F16_QK_MAX, e4m3_round_down((FP16_MAX / head_dim) ** 0.5))
 
 
 # e4m3 forward kernels rescale O lazily by default from head_dim_v 192, where it is faster; it was
@@ -862,7 +881,7 @@ class KernelSpec(BaseModel):
     # pairs (HMNMX2, HFMA2: one instruction for two scores where fp32 takes two), the exp2 as fp16
     # and P cast to e4m3 from fp16 pairs. The fp8 key-block loop is bound by its issue slots and
     # the MUFU, not by the GEMMs (BENCHMARKS.md, the ncu note of the FP8 sections). Needs Q and K
-    # quantized to |x| <= scores_f16_qk_max(head_dim) (16; 15.996 at hdim 256), so |S| stays finite
+    # quantized to |x| <= scores_f16_qk_max(head_dim) (16; 15 at hdim 256), so |S| stays finite
     # in fp16 (fa3gen.fp8.prepare does by default; fa3gen.fp8_ops runs such a kernel only on
     # inputs that say so, and for others the registry's kernel with fp32 scores), the row sums on
     # the tensor cores and the eager rescale (_scores_f16_blockers). Off unless set (the registry

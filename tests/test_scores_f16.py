@@ -9,7 +9,7 @@ import torch
 
 import fa3gen
 from fa3gen import fp8, fp8_ops, registry
-from fa3gen.spec import FP16_MAX, SCORES_F16_QK_MAX, KernelSpec, scores_f16_qk_max
+from fa3gen.spec import FP16_MAX, SCORES_F16_QK_MAX, KernelSpec, e4m3_round_down, e4m3_round_up, scores_f16_qk_max
 
 LONG = registry.REGISTRY["fwd_d128_e4m3_long"]  # 192 x 256, scores_f16, exp2_poly_every=4
 # The kernel the fp8 op takes for the same problem when Q and K are outside the bound: fp32 scores
@@ -84,22 +84,37 @@ def test_the_bound_keeps_every_score_finite_in_fp16():
     assert 128 * SCORES_F16_QK_MAX**2 <= FP16_MAX < 256 * SCORES_F16_QK_MAX**2
     for d in (64, 96, 128, 192, 256):
         bound = scores_f16_qk_max(d)
-        assert d * bound**2 <= FP16_MAX and bound == (SCORES_F16_QK_MAX if d <= 192 else pytest.approx(15.996, abs=1e-3))
+        assert d * bound**2 <= FP16_MAX and bound == (SCORES_F16_QK_MAX if d <= 192 else 15.0)
+        # an e4m3 value: the cast rounds nothing past it
+        assert torch.tensor(bound).to(torch.float8_e4m3fn).float().item() == bound
+
+
+def test_e4m3_rounding_of_bounds():
+    values = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()[1:]  # positive, finite
+    for x in (0.01, 0.3, 3.3, 15.0, 15.4, 15.996, 16.0, 100.5, 447.0, 448.0):
+        assert e4m3_round_up(x) == values[values >= x].min().item()
+        assert e4m3_round_down(x) == values[values <= x].max().item()
+        # a value quantized within x rounds to at most e4m3_round_up(x)
+        assert torch.tensor(x).to(torch.float8_e4m3fn).float().item() <= e4m3_round_up(x)
 
 
 def test_hdim_256_takes_fp16_scores_within_its_bound():
     """At hdim 256 the scores of Q and K within 16 can reach 65536 (past fp16's 65504): a
-    scores_f16 kernel there takes inputs within sqrt(65504 / 256) and refuses 16."""
+    scores_f16 kernel there takes inputs within 15 and refuses 16, and 15.996 (sqrt(65504 / 256),
+    which the cast may round to 16)."""
     spec = KernelSpec(head_dim=256, dtype="e4m3", lazy_rescale=False, row_sums_mma=True, scores_f16=True)
     q, k, v = (torch.randn(1, 256, 1, 256) for _ in range(3))
-    # (Scales left as they come: power-of-two scales keep within 448 / 32 = 14 for either bound.)
-    within, at_16 = (fp8.prepare(q, k, v, "block", (128, 128), qk_max_abs=bound, power_of_two_scales=False, fused=False)
-                     for bound in (scores_f16_qk_max(256), 16.0))
-    assert fp8_ops.scores_fit_f16(within) and not fp8_ops.scores_fit_f16(at_16)
+    # (Scales left as they come: power-of-two scales keep within 448 / 32 = 14 for any of these.)
+    within, at_sqrt, at_16 = (
+        fp8.prepare(q, k, v, "block", (128, 128), qk_max_abs=bound, power_of_two_scales=False, fused=False)
+        for bound in (scores_f16_qk_max(256), (FP16_MAX / 256) ** 0.5, 16.0))
+    assert fp8_ops.scores_fit_f16(within)
+    assert not fp8_ops.scores_fit_f16(at_sqrt) and not fp8_ops.scores_fit_f16(at_16)
     kernel = type("K", (), {"spec": spec})()
     assert fp8_ops._checked_kernel(within, "bf16", False, False, kernel) is kernel
-    with pytest.raises(ValueError, match=r"quantized to \|x\| <= 15.996? \(fa3gen.fp8.prepare's qk_max_abs\)"):
-        fp8_ops._checked_kernel(at_16, "bf16", False, False, kernel)
+    for outside in (at_sqrt, at_16):
+        with pytest.raises(ValueError, match=r"quantized to \|x\| <= 15 \(fa3gen.fp8.prepare's qk_max_abs\)"):
+            fp8_ops._checked_kernel(outside, "bf16", False, False, kernel)
 
 
 @pytest.mark.parametrize("power_of_two", [False, True])
