@@ -48,17 +48,20 @@ def _kernel_for(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, wi
     return kern if kern is not None else ops._compile_memoized(key, "default_fp8_spec", key[1:])
 
 
-def _seqlen_bucket(inputs: Fp8Inputs, causal: bool, window: bool) -> str | None:
+def _seqlen_bucket(inputs: Fp8Inputs, causal: bool, window: bool,
+                   scores_f16_inputs: bool | None = None) -> str | None:
     """The registry's bucket of tiles for these inputs' query length, where their K/V scale blocks
     are whole key blocks of the kernel it takes for them (fa3gen.fp8.prepare's default blocks
-    are); else None."""
+    are); else None. scores_f16_inputs: scores_fit_f16(inputs), where the caller has it."""
     q = inputs.q.data
     d = q.shape[-1]
     bucket = registry.fp8_seqlen_bucket(d, inputs.head_dim_v, causal, window, not inputs.v.kernel_v_layout,
                                         q.shape[1])
     if bucket is None:
         return None
-    block_n = registry.fp8_bucket_block_n(d, causal, bucket, scores_fit_f16(inputs))
+    if scores_f16_inputs is None:
+        scores_f16_inputs = scores_fit_f16(inputs)
+    block_n = registry.fp8_bucket_block_n(d, causal, bucket, scores_f16_inputs)
     blocked = [x for x in (inputs.k, inputs.v) if x.granularity == "block"]
     return bucket if all((x.block_size or 0) % block_n == 0 for x in blocked) else None
 
@@ -163,13 +166,14 @@ def _checked_kernel(inputs: Fp8Inputs, out_dtype: str, causal: bool, window: boo
     d, dv = inputs.q.data.shape[-1], inputs.head_dim_v
     exact_v_ratios = inputs.v.exact_ratios_along_sequence
     transposes_v = not inputs.v.kernel_v_layout
+    fits_f16 = scores_fit_f16(inputs)
     if kernel is None:
         kernel = _kernel_for(d, dv, out_dtype, causal, window, exact_v_ratios, transposes_v,
-                             _seqlen_bucket(inputs, causal, window), scores_fit_f16(inputs))
+                             _seqlen_bucket(inputs, causal, window, fits_f16), fits_f16)
         b, sq, h, _ = inputs.q.data.shape
         kernel = ops._split_twin_for(kernel, b, sq, h, inputs.seqlen_k, inputs.q.data.device)
     spec = kernel.spec
-    if spec.scores_f16 and not scores_fit_f16(inputs):
+    if spec.scores_f16 and not fits_f16:
         raise ValueError(
             f"fa3gen: kernel {spec.name} accumulates the scores in fp16 (scores_f16), which needs q and k quantized "
             f"to |x| <= {scores_f16_qk_max(spec.head_dim):.5g} (fa3gen.fp8.prepare's qk_max_abs); these say |q| <= "

@@ -188,13 +188,15 @@ def _e4m3_step(x: float) -> float:
 
 def e4m3_round_down(x: float) -> float:
     """The largest float8_e4m3fn value <= x (x in (0, 448])."""
-    return math.floor(x / _e4m3_step(x)) * _e4m3_step(x)
+    step = _e4m3_step(x)
+    return math.floor(x / step) * step
 
 
 def e4m3_round_up(x: float) -> float:
     """The smallest float8_e4m3fn value >= x (x in (0, 448]): the largest a value quantized
     within x can become, e4m3's cast rounding to nearest."""
-    return math.ceil(x / _e4m3_step(x)) * _e4m3_step(x)
+    step = _e4m3_step(x)
+    return math.ceil(x / step) * step
 
 
 def scores_f16_qk_max(head_dim: int) -> float:

@@ -2,8 +2,7 @@
 
 Each kernel runs into NaN-poisoned outputs beside the fp32-score kernel of its problem, on the same
 prepared inputs (Q and K quantized within spec.scores_f16_qk_max(head_dim), fa3gen.fp8.prepare's
-default): its O must be as
-close to the float64 attention of the dequantized inputs (within 10% of the fp32 kernel's error;
+default): its O must be as close to the float64 attention of the dequantized inputs (within 10% of the fp32 kernel's error;
 20% for 256-key blocks, whose error is 8-14% above 128-key blocks' with fp32 scores too: BENCHMARKS.md),
 its LSE within the row-sums tolerance plus 2^-10 of the largest |LSE| (test_fp8_gpu.check). Shapes: ragged (the mask path), GQA, sq != sk, scale blocks
 of alternating magnitude, and scores at the fp16 bound (Q = K with every entry at its largest).
