@@ -211,8 +211,14 @@ _FP8_TILES_192 = {"block_m": 192, "block_n": 128}
 #   8 heads): s4k 1065.7 -> 1177.4, s8k 1140.7 -> 1243.5, s16k 1168.3 -> 1241.8; causal 978.6 ->
 #   1006.9, 1036.5 -> 1096.3, 1069.6 -> 1149.6 (128 x 128 and 128 x 160 with fp16 scores: within
 #   -1.4% to +1.4% of the lazy kernel). bench_fp8.py beside fa3gen's bf16 kernel: s16k 1203.7 ->
-#   1298.4 (1.66x bf16's 781.3), s8k 1139.7 -> 1255.9, causal s16k 1046.7 -> 1163.3. Up to 2k
-#   not measured: the lazy kernel stays.
+#   1298.4 (1.66x bf16's 781.3), s8k 1139.7 -> 1255.9, causal s16k 1046.7 -> 1163.3.
+#   H200 (2026-12-06, bench_fp8.py --candidate-blocks prepare, the lazy kernel -> 128 x 192): not
+#   causal it wins below 2k too, s512 589.6 -> 745.4, s1k 800.7 -> 934.1, s2k 966.6 -> 1123.1, so
+#   it takes every length; causal it does not (s512 451.2 -> 441.1, s1k 689.7 -> 653.6, s2k 835.1
+#   -> 830.4): the lazy kernel keeps up to 2k. Every 4th exp2 on the FMA pipe on top measured
+#   faster (H200, compare_fp8_shapes.py, 8 heads, none / every 8th / every 4th): 2 x 8k 1203.4 /
+#   1328.9 / 1355.4, 1 x 16k 1202.8 / 1343.2 / 1367.1; causal 1040.0 / 1107.6 / 1113.7, 1112.3 /
+#   1192.3 / 1198.7; not taken until those kernels pass the float64 checks on a GPU (not yet run).
 _SCORES_F16 = {"scores_f16": True}
 _WIDE_F16 = {"block_m": 192, "block_n": 256, "intra_wg_overlap": False, **_SCORES_F16}
 _WIDE_F16_256 = {"block_n": 192, "q_buffers": 1, "lazy_rescale": False, "row_sums_mma": True, **_SCORES_F16}
@@ -226,7 +232,7 @@ FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
     (128, True): (("short", 1024, {**_FP8_TILES_192, "warpgroup_key_trim": True, **_SCORES_F16, "exp2_poly_every": 8}),
                   ("long", None, {**_WIDE_F16, "q_buffers": 1, "warpgroup_key_trim": True, "exp2_poly_every": 4})),
     # ("short", ..., {}): the default kernel's tiles (its registry entry, no bucket entry of its own)
-    (256, False): (("short", 2048, {}), ("long", None, _WIDE_F16_256)),
+    (256, False): (("long", None, _WIDE_F16_256),),
     (256, True): (("short", 2048, {}), ("long", None, _WIDE_F16_256)),
 }
 # The tiles of each fp16-score bucket for Q and K outside that bound (fp32 scores,

@@ -306,9 +306,11 @@ def test_checked_kernel_takes_the_eager_kernel_for_inexact_v_ratios(monkeypatch)
     monkeypatch.setattr(fa3gen, "compile", lambda spec: compiled.append(spec) or type("K", (), {"spec": spec})())
     monkeypatch.setattr(ops, "_KERNELS", {})
     exact, inexact, per_head = _exact_and_inexact_v_inputs(256)
-    assert fp8_ops._checked_kernel(exact, "bf16", False, False).spec is registry.REGISTRY["fwd_d256_e4m3"]
-    assert not fp8_ops._checked_kernel(inexact, "bf16", False, False).spec.lazy_rescale
+    # hdim 256 causal up to 2k queries is the lazy kernel (not causal it is the eager 128 x 192 one).
+    assert fp8_ops._checked_kernel(exact, "bf16", True, False).spec is registry.REGISTRY["fwd_d256_e4m3_causal"]
+    assert not fp8_ops._checked_kernel(inexact, "bf16", True, False).spec.lazy_rescale
     assert fp8_ops._checked_kernel(per_head, "bf16", True, False).spec is registry.REGISTRY["fwd_d256_e4m3_causal"]
+    assert fp8_ops._checked_kernel(exact, "bf16", False, False).spec is registry.REGISTRY["fwd_d256_e4m3_long"]
     assert len(compiled) == 3
 
 

@@ -172,10 +172,11 @@ def test_default_kernel_has_fp32_scores_for_unbounded_inputs(monkeypatch):
     assert fp8_ops._checked_kernel(wide, "bf16", False, False).spec == PLAIN
 
 
-def test_hdim_256_takes_fp16_scores_past_2k_queries(monkeypatch):
-    """hdim 256 (registry.FP8_SEQLEN_TILES): the lazy fp32-score kernel up to 2k queries, past them
-    the 128 x 192 fp16-score kernel on prepare's default inputs (K/V blocks of 384 rows, which 128-
-    and 192-key blocks divide), and the lazy kernel again for Q and K outside the fp16 bound."""
+def test_hdim_256_takes_fp16_scores(monkeypatch):
+    """hdim 256 (registry.FP8_SEQLEN_TILES): the 128 x 192 fp16-score kernel on prepare's default
+    inputs (K/V blocks of 384 rows, which 128- and 192-key blocks divide), at every length not
+    causal and past 2k queries causal (the lazy fp32-score kernel up to 2k), and the lazy kernel
+    for Q and K outside the fp16 bound."""
     monkeypatch.setattr(fa3gen, "compile", lambda spec: type("K", (), {"spec": spec})())
     monkeypatch.setattr(fa3gen.ops, "_KERNELS", {})
     assert fp8.default_block_rows(256) == (128, 384)
@@ -184,7 +185,8 @@ def test_hdim_256_takes_fp16_scores_past_2k_queries(monkeypatch):
         long = registry.REGISTRY[name + "_long"]
         assert (long.block_m, long.block_n, long.pingpong, long.scores_f16, long.lazy_rescale) == (128, 192, True, True, False)
         assert registry.registry_name(long) == name + "_long"
-        for seqlen_q, want in ((2048, name), (2049, name + "_long")):
+        for seqlen_q, want in ((512, name if causal else name + "_long"), (2048, name if causal else name + "_long"),
+                               (2049, name + "_long")):
             q, k, v = (torch.randn(1, seqlen_q, 2, 256) for _ in range(3))
             assert fp8_ops._checked_kernel(fp8.prepare(q, k, v, fused=False), "bf16", causal, False).spec \
                 is registry.REGISTRY[want]
