@@ -426,7 +426,7 @@ def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: boo
     tiles = _fp8_tiles(head_dim, causal, bucket, scores_f16_inputs)
     spec = KernelSpec(head_dim=head_dim, head_dim_v=head_dim_v, dtype="e4m3", out_dtype=out, causal=bool(causal),
                       window=bool(window), v_transpose_in_kernel=bool(v_transpose_in_kernel),
-                      **tiles, **({} if power_of_two_v_scales else {"lazy_rescale": False}))
+                      **{**tiles, **({} if power_of_two_v_scales else {"lazy_rescale": False})})
     name = _fp8_registry_name(head_dim, causal, bucket, tiles)
     return REGISTRY[name] if REGISTRY.get(name) == spec else spec
 

@@ -314,6 +314,21 @@ def test_checked_kernel_takes_the_eager_kernel_for_inexact_v_ratios(monkeypatch)
     assert len(compiled) == 3
 
 
+def test_inexact_v_ratios_take_the_eager_fp16_score_buckets(monkeypatch):
+    """A bucket whose tiles already rescale eagerly (hdim 256's 128 x 192 fp16-score kernels) takes
+    V block scales that are not powers of two as they are: the same registry kernel (default_fp8_spec
+    once passed lazy_rescale twice there and raised)."""
+    monkeypatch.setattr(fa3gen, "compile", lambda spec: type("K", (), {"spec": spec})())
+    monkeypatch.setattr(ops, "_KERNELS", {})
+    for causal, seqlen in ((False, 300), (False, 2049), (True, 2049)):
+        q, k, v = (torch.randn(1, seqlen, 2, 256) for _ in range(3))
+        v = v * torch.linspace(1.0, 3.0, seqlen)[None, :, None, None]
+        inexact = fp8.prepare(q, k, v, power_of_two_scales=False, fused=False)
+        assert not inexact.v.exact_ratios_along_sequence
+        want = registry.REGISTRY["fwd_d256_e4m3" + ("_causal" if causal else "") + "_long"]
+        assert fp8_ops._checked_kernel(inexact, "bf16", causal, False).spec is want
+
+
 def test_inexact_v_ratios_share_the_kernel_where_the_default_is_eager(monkeypatch):
     """hdim 128 rescales eagerly by default: scales as they come take the same kernel as
     power-of-two ones, compiled once."""

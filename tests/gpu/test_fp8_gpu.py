@@ -248,12 +248,15 @@ def test_fp8_lazy_rescale(spec, granularity):
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_inexact_v_scales_take_the_eager_kernel(causal):
     """V block scales as they come (not powers of two) at hdim 256, where the default kernel is
-    lazy: the launcher takes the eager kernel, which matches the reference on those scales."""
+    lazy: the launcher takes an eager kernel, which matches the reference on those scales (causal
+    up to 2k queries the lazy kernel's eager twin; not causal the 128 x 192 fp16-score kernel,
+    eager itself)."""
     q, k, v = (ramped(2, 1000, 4, 256, 90 + j) for j in range(3))
     inputs = fp8.prepare(q, k, v, "block", hadamard=True, power_of_two_scales=False)
     assert not inputs.v.exact_ratios_along_sequence
     kernel = fp8_ops._checked_kernel(inputs, "bf16", causal, False)
-    assert kernel.spec in EAGER_FALLBACK_SPECS and not kernel.spec.lazy_rescale
+    assert kernel.spec == (EAGER_FALLBACK_SPECS[1] if causal else fa3gen.registry.REGISTRY["fwd_d256_e4m3_long"])
+    assert not kernel.spec.lazy_rescale
     check(inputs, causal)
 
 
@@ -266,7 +269,8 @@ def test_fp8_default_lazy_kernel_as_accurate_as_eager(seqlen, nheads):
     q, k, v = fp8.outlier_inputs(1, seqlen, nheads, 256, seed=1, device="cuda")
     inputs = fp8.prepare(q, k, v, "block", hadamard=True)
     ref, _ = attention_reference(q.double(), k.double(), v.double(), None, False)
-    lazy_out, _ = run_poisoned(inputs, False)
+    # The lazy kernel by name: the dispatch gives these lengths the 128 x 192 fp16-score kernel.
+    lazy_out, _ = run_poisoned(inputs, False, kernel=fa3gen.compile(fa3gen.registry.REGISTRY["fwd_d256_e4m3"]))
     eager_out, _ = run_poisoned(inputs, False, kernel=fa3gen.compile(EAGER_FALLBACK_SPECS[0]))
     emulated = fp8.emulate_fp8_attention(q, k, v, granularity="block", block_size=None, use_hadamard=True)
     lazy, eager, scheme = (fp8.rmse(x, ref) for x in (lazy_out, eager_out, emulated))
