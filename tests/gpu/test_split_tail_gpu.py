@@ -58,6 +58,8 @@ FP8_SPECS += [REGISTRY[f"fwd_d{d}_e4m3{c}_split"] for d in (64, 128) for c in ("
 FP8_SPECS += [REGISTRY[f"fwd_d64_e4m3{b}_split"] for b in ("_short", "_long", "_causal_short", "_causal_long")]
 # hdim 128's 256-key fp16-score twins: 128 x 256 pingpong not causal, 192 x 256 trimmed causal.
 FP8_SPECS += [REGISTRY[f"fwd_d128_e4m3{b}_split"] for b in ("_short", "_causal_long")]
+# hdim 256's 128 x 192 fp16-score twins (O staged in the V buffer, one Q buffer).
+FP8_SPECS += [REGISTRY[f"fwd_d256_e4m3{b}_split"] for b in ("_long", "_causal_long")]
 # (batch, seqlen_q, seqlen_k, nheads_q, nheads_kv): 44 tiles of 192 rows over 132 CTAs; 5 whole
 # waves and 44 split tiles; 16 tiles of 40 key blocks; one tile of 6 key blocks (shares of one
 # block or none); sq = 1; a partial wave of 113-row heads.
