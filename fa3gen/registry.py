@@ -417,7 +417,7 @@ def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: boo
     transposes it in shared memory (no registry kernel does). seqlen_q (a length or a bucket's
     name) picks the tiles of FP8_SEQLEN_TILES, for the plain problem (head_dim_v == head_dim, no
     window, V in the kernel's layout). scores_f16_inputs=False (Q and K not quantized within
-    spec.SCORES_F16_QK_MAX): the same tiles with fp32 scores."""
+    spec.scores_f16_qk_max(head_dim)): the same tiles with fp32 scores."""
     _canonical_problem(head_dim, head_dim_v, "bf16")
     out = _DTYPE_ALIASES.get(str(out_dtype).removeprefix("torch."))
     if out is None:

@@ -887,8 +887,8 @@ class KernelSpec(BaseModel):
     # in fp16 (fa3gen.fp8.prepare does by default; fa3gen.fp8_ops runs such a kernel only on
     # inputs that say so, and for others the registry's kernel with fp32 scores), the row sums on
     # the tensor cores and the eager rescale (_scores_f16_blockers). Off unless set (the registry
-    # sets it for its hdim 64 serial loop, its hdim 128 kernels by query length and hdim 256 past
-    # 2k queries).
+    # sets it for its hdim 64 serial loop, its hdim 128 kernels by query length and hdim 256 at
+    # every length not causal, past 2k queries causal).
     scores_f16: bool = False
     # With scores_f16: every n-th pair of a row's scores takes its exp2 from a degree-2 polynomial
     # on the FMA pipe (nine instructions a pair) instead of the MUFU (two ops a pair), which the

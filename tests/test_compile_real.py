@@ -74,7 +74,7 @@ SPECS = {
     # scores in fp16 with the softmax on fp16 pairs (192 x 256 tiles), every 4th pair's exp2 on
     # the FMA pipe.
     "fwd_d128_e4m3_long": REGISTRY["fwd_d128_e4m3_long"],
-    # hdim 256 past 2k queries: fp16 scores on 128 x 192 pingpong tiles (S 48 + O 128 of the
+    # hdim 256 (not causal at every length): fp16 scores on 128 x 192 pingpong tiles (S 48 + O 128 of the
     # consumers' 240 registers), one Q buffer, O staged in the V buffer.
     "fwd_d256_e4m3_long": REGISTRY["fwd_d256_e4m3_long"],
     # The split twin of the hdim 128 three-warpgroup kernel: the last wave's tiles in pieces along
