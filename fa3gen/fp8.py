@@ -260,9 +260,9 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, granularity: Gran
     192, 15 at 256: an e4m3 value under sqrt(65504 / 256)), the bound the scores_f16 kernels need,
     at no cost in accuracy (FA3 paper's experiment: RMSE 8.998e-3 at 448 and at 16, CPU
     emulation; 8.978e-3 both on the GPU; hdim 256 s8k 8.0005e-3 at 16 on the lazy fp32-score
-    kernel, H100). Inputs outside the bound take fp32-score kernels. Those kernels' exp2 offset
-    is fp16 as well: logits (q·k · softmax_scale) past about 45400 give NaN rows there; give such
-    inputs qk_max_abs=448 (fp32 scores).
+    kernel, H100). Inputs outside the bound take fp32-score kernels. The scores_f16 kernels'
+    exp2 offset is fp16 as well: logits (q·k · softmax_scale) past about 45400 give NaN rows
+    there; give such inputs qk_max_abs=448 (fp32 scores).
 
     fused: run the fused prepare kernels (``fa3gen.fp8_prepare``: Hadamard, amax, cast and V's
     layout in a few memory-bound passes, JIT-compiled like the attention kernels) instead of
