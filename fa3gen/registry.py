@@ -218,10 +218,11 @@ _FP8_TILES_192 = {"block_m": 192, "block_n": 128}
 #   -> 830.4): the lazy kernel keeps up to 2k. Every 4th exp2 on the FMA pipe on top measured
 #   faster (H200, compare_fp8_shapes.py, 8 heads, none / every 8th / every 4th): 2 x 8k 1203.4 /
 #   1328.9 / 1355.4, 1 x 16k 1202.8 / 1343.2 / 1367.1; causal 1040.0 / 1107.6 / 1113.7, 1112.3 /
-#   1192.3 / 1198.7; not taken until those kernels pass the float64 checks on a GPU (not yet run).
+#   1192.3 / 1198.7: every 4th taken (_WIDE_F16_256), once the fp8 GPU tests passed on it.
 _SCORES_F16 = {"scores_f16": True}
 _WIDE_F16 = {"block_m": 192, "block_n": 256, "intra_wg_overlap": False, **_SCORES_F16}
-_WIDE_F16_256 = {"block_n": 192, "q_buffers": 1, "lazy_rescale": False, "row_sums_mma": True, **_SCORES_F16}
+_WIDE_F16_256 = {"block_n": 192, "q_buffers": 1, "lazy_rescale": False, "row_sums_mma": True, **_SCORES_F16,
+                 "exp2_poly_every": 4}
 FP8_SEQLEN_TILES: dict[tuple[int, bool], SeqlenTiers] = {
     (64, False): (("short", 512, _FP8_TILES_192),
                   ("long", None, {**_WIDE_F16, "exp2_poly_every": 8})),

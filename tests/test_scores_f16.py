@@ -183,7 +183,8 @@ def test_hdim_256_takes_fp16_scores(monkeypatch):
     for causal in (False, True):
         name = "fwd_d256_e4m3" + ("_causal" if causal else "")
         long = registry.REGISTRY[name + "_long"]
-        assert (long.block_m, long.block_n, long.pingpong, long.scores_f16, long.lazy_rescale) == (128, 192, True, True, False)
+        assert (long.block_m, long.block_n, long.pingpong, long.scores_f16, long.lazy_rescale, long.exp2_poly_every) \
+            == (128, 192, True, True, False, 4)
         assert registry.registry_name(long) == name + "_long"
         for seqlen_q, want in ((512, name if causal else name + "_long"), (2048, name if causal else name + "_long"),
                                (2049, name + "_long")):
