@@ -1,8 +1,8 @@
 """Float64 checks of given e4m3 specs before a registry change takes them: each spec's kernel on
 fresh N(0,1) inputs (ragged and whole tiles, NaN-poisoned outputs, tests/gpu/test_fp8_gpu.py's
 tolerances against float64 attention of the dequantized inputs) and on the FA3 paper's outlier
-inputs (RMSE of O against float64 attention of the unquantized inputs; bar 9.1e-3). Causality
-comes from each spec. Needs a Hopper GPU; exits 1 if a check fails.
+inputs (RMSE of O against float64 attention of the unquantized inputs; the bar of 9.1e-3 holds for
+the paper's experiment, not causal; causal specs print theirs). Causality comes from each spec. Needs a Hopper GPU; exits 1 if a check fails.
 
 Usage: python scripts/fp8_spec_accuracy.py SPEC [SPEC ...]     (registry name, spec JSON or @FILE)
 """
@@ -50,10 +50,11 @@ def main(argv: list[str]) -> int:
             ref, _ = attention_reference(q.double(), k.double(), v.double(), None, causal)
             out, _ = run_poisoned(fp8.prepare(q, k, v), causal, kernel=kernel)
             err = fp8.rmse(out, ref)
-            ok = err <= PAPER_RMSE_BAR and bool(torch.isfinite(out).all())
+            # Causal rows of few keys average few rounded P values: no bar of the paper's for them.
+            ok = bool(torch.isfinite(out).all()) and (causal or err <= PAPER_RMSE_BAR)
             failed += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {spec.name} paper s{seqlen} h{nheads}: RMSE {err:.4e} (bar {PAPER_RMSE_BAR})",
-                  flush=True)
+            bar = "no bar: causal" if causal else f"bar {PAPER_RMSE_BAR}"
+            print(f"{'ok  ' if ok else 'FAIL'} {spec.name} paper s{seqlen} h{nheads}: RMSE {err:.4e} ({bar})", flush=True)
     print(f"{len(specs)} specs, {failed} failed")
     return 1 if failed else 0
 
