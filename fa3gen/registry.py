@@ -197,6 +197,8 @@ _FP8_TILES_192 = {"block_m": 192, "block_n": 128}
 #   657.6 -> 690.3 -> 718.9, s1k 752.1 -> 851.9 -> 875.8, s2k 879.9 -> 1038.1 -> 955.0, s4k
 #   915.0 -> 1097.3 -> 998.4, s16k 945.1 -> 1144.3 -> 1032.6 (192 x 192: 935.3 / 986.0 / 1052.5).
 #   Earlier: fp32 -> fp16 scores on 192 x 128, s2k 860.1 -> 877.8, s16k 915.7 -> 967.5.
+#   The 192 x 256 kernel's exp2 split (H100, 2026-12-07, bench_fp8.py, s16k): every 4th 1138.5-1142.7
+#   against every 2nd 1071.5, 3rd 1099.4, 5th 1110.9, 6th 1118.0 (causal every 3rd within the spread).
 # - hdim 128 causal, fp32 -> fp16 scores + every 8th: 192 x 128 trimmed s1k 539.0 -> 570.0, s2k
 #   684.6 -> 737.3, s4k 756.7 -> 826.0; 128 x 192 pingpong s8k 815.2 -> 917.7, s16k 845.4 ->
 #   955.1. Past 1k 192 x 256 trimmed (one Q buffer, every 4th): 192 x 128 trimmed -> 128 x 192
