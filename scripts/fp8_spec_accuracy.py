@@ -2,7 +2,8 @@
 fresh N(0,1) inputs (ragged and whole tiles, NaN-poisoned outputs, tests/gpu/test_fp8_gpu.py's
 tolerances against float64 attention of the dequantized inputs) and on the FA3 paper's outlier
 inputs (RMSE of O against float64 attention of the unquantized inputs; the bar of 9.1e-3 holds for
-the paper's experiment, not causal; causal specs print theirs). Causality comes from each spec. Needs a Hopper GPU; exits 1 if a check fails.
+the paper's experiment, not causal; causal specs print theirs). Causality comes from each spec.
+Needs a Hopper GPU; exits 1 if a check fails.
 
 Usage: python scripts/fp8_spec_accuracy.py SPEC [SPEC ...]     (registry name, spec JSON or @FILE)
 """
