@@ -302,15 +302,21 @@ def _sm_count(device: torch.device) -> int:
 
 def _split_twin_for(kernel: Any, batch: int, seqlen_q: int, nheads: int, seqlen_k: int, device: torch.device) -> Any:
     """The registry kernel's split_tail twin where that kernel would leave SMs idle in its last
-    wave and the twin splits it (fa3gen.split_tail.splits: a wave or two of tiles), else the
-    kernel. The twin's grid is every SM."""
+    wave and the twin splits it (fa3gen.split_tail.splits on the twin's rule: a wave or two of
+    tiles, or a long last tile on a twin with a lower bar), else the kernel. The twin's grid is
+    every SM."""
     spec = getattr(kernel, "spec", None)
     if device.type != "cuda" or not isinstance(spec, KernelSpec) or spec.split_tail:
         return kernel
-    # The rule first: it is a few integer operations, and most calls stop there.
+    # The rule first (at no least saving: a twin's own may be lower than the default): it is a few
+    # integer operations, and most calls stop there.
     tiles = -(-seqlen_q // spec.block_m) * nheads * batch
-    if not split_tail.splits(tiles, -(-seqlen_k // spec.block_n), _sm_count(device)) \
-            or registry.split_twin(spec) is None:
+    key_blocks, ctas = -(-seqlen_k // spec.block_n), _sm_count(device)
+    if not split_tail.splits(tiles, key_blocks, ctas, min_saving_percent=0):
+        return kernel
+    twin_spec = registry.split_twin(spec)
+    if twin_spec is None or not split_tail.splits(tiles, key_blocks, ctas, twin_spec.split_tail_min_saving_percent,
+                                                  twin_spec.split_tail_piece_blocks):
         return kernel
     key = ("split", spec)
     twin = _KERNELS.get(key)

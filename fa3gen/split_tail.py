@@ -7,7 +7,11 @@ them. Measured (H100, 2026-12-06, scripts/compare_specs.py --shapes): problems o
 gain 9-68% (hdim 128 1 x 4096 x 8 heads +18%, 128 queries over 16k keys +68%); the FA3 grid's
 tails of 3-5% gained 0-2% at 8k-16k and lost up to 7% at 1k, and shares of 4 key blocks lost 5%:
 each piece starts its own pipeline and hands a partial over, and the split code costs a kernel
-that does not split 2-5% (so the registry keeps it in twins the dispatcher picks).
+that does not split 2-5% (so the registry keeps it in twins the dispatcher picks). A spec may
+lower the bar and count each piece's cost instead (split_tail_min_saving_percent,
+split_tail_piece_blocks): the registry's hdim 128 192-row twins split the FA3 grid's 8k-16k tails
+at 3% with 4 key blocks a piece (1.8-3.3% faster than the plain kernels there, H100,
+2026-12-07; registry.SPLIT_TWIN_FIELDS).
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ MIN_SAVING_PERCENT = 12
 MIN_SHARE_BLOCKS = 8
 
 
-def splits(num_tiles: int, key_blocks: int, ctas: int) -> bool:
+def splits(num_tiles: int, key_blocks: int, ctas: int, min_saving_percent: int = MIN_SAVING_PERCENT,
+           piece_blocks: int = 0) -> bool:
     """Whether a split_tail kernel on `ctas` CTAs splits a problem of num_tiles tiles of key_blocks
-    key blocks each (the scheduler's rule in templates/fwd/schedule.j2)."""
+    key blocks each (the scheduler's rule in templates/fwd/schedule.j2). min_saving_percent and
+    piece_blocks: the spec's split_tail_min_saving_percent and split_tail_piece_blocks (what a
+    piece's pipeline start and merge cost, in key blocks, counted on the busiest CTA's share)."""
     rest = num_tiles % ctas
     units = rest * key_blocks
     share = -(-units // ctas)
     whole = num_tiles // ctas * key_blocks
     return (rest > 0 and ctas <= MAX_CTAS and units <= (2**31 - 1) // 2 and share >= MIN_SHARE_BLOCKS
-            and (whole + share) * 100 <= (whole + key_blocks) * (100 - MIN_SAVING_PERCENT))
+            and (whole + share + piece_blocks) * 100 <= (whole + key_blocks) * (100 - min_saving_percent))

@@ -41,15 +41,16 @@ REGISTRY = fa3gen.registry.REGISTRY
 # rescale), chained pingpong tiles with Q in registers a tile ahead, chained 192-row tiles, four
 # warpgroups, O staged in the V buffer (the producer stores only the tiles this CTA owns), one
 # plain launch of pingpong tiles that do not chain.
-SPECS = [_split(REGISTRY[name]) for name in ("fwd_d128_bf16_long", "fwd_d128_fp16_long", "fwd_d128_bf16_short",
-                                             "fwd_d64_fp16", "fwd_d64_bf16_short", "fwd_d256_bf16")]
+# (The registry's twins: hdim 128's 192-row ones on the low rule of registry.SPLIT_TWIN_FIELDS.)
+SPECS = [REGISTRY[name + "_split"] for name in ("fwd_d128_bf16_long", "fwd_d128_fp16_long", "fwd_d128_bf16_short",
+                                                "fwd_d64_fp16", "fwd_d64_bf16_short", "fwd_d256_bf16")]
 SPECS += [fa3gen.KernelSpec(head_dim=128, inter_tile_overlap=False, programmatic_launch=False, split_tail=True)]
 # Causal twins (static schedule; a share past a tile's last visible block is an empty piece): one Q
 # buffer with Q in registers, four warpgroups trimmed per warpgroup, hdim 256 on 80-key blocks.
 SPECS += [REGISTRY[name] for name in ("fwd_d128_bf16_causal_split", "fwd_d64_bf16_causal_short_split",
                                       "fwd_d256_fp16_causal_split")]
 # Three warpgroups in the serial loop; chained pingpong tiles with lazy rescale (O's V unit moves).
-FP8_SPECS = [_split(REGISTRY["fwd_d128_e4m3_long"]), _split(REGISTRY["fwd_d256_e4m3"]),
+FP8_SPECS = [REGISTRY["fwd_d128_e4m3_long_split"], _split(REGISTRY["fwd_d256_e4m3"]),
              REGISTRY["fwd_d128_e4m3_causal_short_split"], REGISTRY["fwd_d256_e4m3_causal_split"]]
 # Every other e4m3 twin: 128 x 192 pingpong (hdim 64 and 128, causal with Q in registers), hdim 64
 # 192 x 128 overlapped and 192 x 256 serial (fp16 scores), causal trimmed on three stages and
@@ -100,7 +101,8 @@ def test_split_tail_fp8_matches_dequantized_reference(spec):
 
 def test_the_op_takes_the_twin_for_small_problems():
     """flash_attn_func's dispatch: the registry kernel's split twin for problems of a wave or two of
-    tiles (fa3gen.split_tail.splits), the kernel itself for the FA3 grid's; either matches float64."""
+    tiles (fa3gen.split_tail.splits) and, on hdim 128's 192-row twins' low rule, the FA3 grid's 8k
+    and 16k; the kernel itself for the rest; either matches float64."""
     from fa3gen import ops
     from gpu_checks import check_poisoned_outputs
     from fa3gen.reference import attention_reference
@@ -109,6 +111,7 @@ def test_the_op_takes_the_twin_for_small_problems():
     for b, sq, sk, h, d, split, causal in [(1, 4096, 4096, 8, 128, True, False), (4, 128, 16384, 8, 128, True, False),
                                            (1, 4096, 4096, 2, 256, True, False), (1, 8192, 8192, 8, 64, True, False),
                                            (4, 4096, 4096, 16, 128, False, False), (2, 1024, 1024, 8, 128, False, False),
+                                           (2, 8192, 8192, 16, 128, True, False), (1, 1216, 3072, 16, 128, False, False),
                                            (4, 128, 16384, 8, 128, True, True), (4, 4096, 4096, 16, 128, False, True)]:
         q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         k, v = (torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
@@ -123,12 +126,14 @@ def test_the_op_takes_the_twin_for_small_problems():
 
 def test_the_fp8_op_takes_the_twin_for_small_problems():
     """fa3gen.fp8_ops' dispatch: the e4m3 registry kernel's split twin for problems the rule
-    splits, the kernel itself for the FA3 grid's; either matches the dequantized inputs' float64."""
+    splits (hdim 128's FA3-grid 8k on the low rule), the kernel itself for the rest; either matches
+    the dequantized inputs' float64."""
     from fa3gen import fp8_ops
 
     for i, (b, sq, sk, h, d, split, causal) in enumerate([
             (1, 8192, 8192, 4, 128, True, False), (4, 128, 16384, 8, 128, True, False),
             (1, 4096, 4096, 2, 256, True, False), (2, 1024, 1024, 8, 128, False, False),
+            (2, 8192, 8192, 16, 128, True, False), (1, 1216, 3072, 16, 128, False, False),
             (4, 128, 16384, 8, 128, True, True), (2, 128, 8192, 8, 256, True, True)]):
         q, k, v = (ramped(b, s, h, d, 400 + 10 * i + j) for j, s in enumerate((sq, sk, sk)))
         inputs = fp8.prepare(q, k, v, "block", hadamard=True, seed=i)
