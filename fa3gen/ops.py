@@ -308,11 +308,11 @@ def _split_twin_for(kernel: Any, batch: int, seqlen_q: int, nheads: int, seqlen_
     spec = getattr(kernel, "spec", None)
     if device.type != "cuda" or not isinstance(spec, KernelSpec) or spec.split_tail:
         return kernel
-    # The rule first (at no least saving: a twin's own may be lower than the default): it is a few
-    # integer operations, and most calls stop there.
+    # The rule first, at the laxest twin's (registry.SPLIT_RULE_FLOOR): it is a few integer
+    # operations, and most calls stop there.
     tiles = -(-seqlen_q // spec.block_m) * nheads * batch
     key_blocks, ctas = -(-seqlen_k // spec.block_n), _sm_count(device)
-    if not split_tail.splits(tiles, key_blocks, ctas, min_saving_percent=0):
+    if not split_tail.splits(tiles, key_blocks, ctas, *registry.SPLIT_RULE_FLOOR):
         return kernel
     twin_spec = registry.split_twin(spec)
     if twin_spec is None or not split_tail.splits(tiles, key_blocks, ctas, twin_spec.split_tail_min_saving_percent,

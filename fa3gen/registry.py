@@ -285,6 +285,10 @@ _SPLIT_TWIN_OF: dict[KernelSpec, KernelSpec] = {
 }
 REGISTRY.update({name + SPLIT_TWIN_SUFFIX: _SPLIT_TWIN_OF[spec] for name, spec in list(REGISTRY.items())
                  if spec.kind == "fwd"})
+# The laxest rule of any twin (fa3gen.split_tail.splits' min_saving_percent, piece_blocks): a
+# problem it does not split, no twin splits, so the dispatch looks no twin up for it.
+SPLIT_RULE_FLOOR = (min(t.split_tail_min_saving_percent for t in _SPLIT_TWIN_OF.values()),
+                    min(t.split_tail_piece_blocks for t in _SPLIT_TWIN_OF.values()))
 
 
 def fp8_seqlen_bucket(head_dim: int, head_dim_v: int, causal: bool, window: bool, v_transpose_in_kernel: bool,

@@ -95,6 +95,12 @@ def _fake_kernel(spec: KernelSpec) -> SimpleNamespace:
     return SimpleNamespace(spec=spec)
 
 
+def test_the_rule_floor_is_the_laxest_twins():
+    twins = [s for s in registry.REGISTRY.values() if s.split_tail]
+    assert registry.SPLIT_RULE_FLOOR == (min(t.split_tail_min_saving_percent for t in twins),
+                                         min(t.split_tail_piece_blocks for t in twins)) == (3, 0)
+
+
 def test_dispatch_takes_the_twin_for_small_problems(monkeypatch):
     monkeypatch.setattr(ops, "_sm_count", lambda device: SMS)
     compiled = []
