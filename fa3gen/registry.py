@@ -262,7 +262,7 @@ REGISTRY.update(_bucket_specs(FP8_SEQLEN_TILES, ("e4m3",)))
 # other problem. _SPLIT_TWIN_OF finds a kernel's twin in one hash lookup: the dispatch asks on
 # every forward call.
 SPLIT_TWIN_SUFFIX = "_split"
-# Twins that split for less than the rule's default (split_tail_min_saving_percent, with a piece's
+# Twins that split for less than the rule's default (split_tail_min_saving_percent; a piece's
 # start, partial and merge counted as split_tail_piece_blocks key blocks): hdim 128's 192-row
 # kernels, whose FA3-grid problems at 8k-16k (1376 tiles = 10.4 waves) leave 76 of 132 SMs idle
 # for the last tile. H100, 2026-12-07, `scripts/compare_fp8_shapes.py` and `scripts/compare_specs.py
@@ -272,8 +272,8 @@ SPLIT_TWIN_SUFFIX = "_split"
 # 2.8% shorter busiest CTA) stays whole: the twin's code costs 1-2.5% where it does not split. A
 # wave of 112 tiles over 3072 keys lost split (e4m3 738.8 -> 688.9 at 12 key blocks a tile, one
 # saved; bf16 530.7 -> 451.3 at 24, three saved): a tile in two pieces pays two starts, a partial
-# and the merge, about four key blocks, which the piece count keeps whole.
-_LOW_SPLIT_RULE = {"split_tail_min_saving_percent": 3, "split_tail_piece_blocks": 4}
+# and the merge, about four key blocks, which the piece count (split_tail.PIECE_BLOCKS) keeps whole.
+_LOW_SPLIT_RULE = {"split_tail_min_saving_percent": 3}
 SPLIT_TWIN_FIELDS: dict[str, dict[str, Any]] = {
     "fwd_d128_bf16_long": _LOW_SPLIT_RULE, "fwd_d128_fp16_long": _LOW_SPLIT_RULE, "fwd_d128_e4m3_long": _LOW_SPLIT_RULE,
 }

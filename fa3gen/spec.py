@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from .abi import MAX_TENSOR_ARGS
 from .split_tail import MIN_SAVING_PERCENT as SPLIT_TAIL_MIN_SAVING_PERCENT
+from .split_tail import PIECE_BLOCKS as SPLIT_TAIL_PIECE_BLOCKS
 from .variant import MaskMod, Param, ScalarParam, ScoreMod, TensorParam, check_expression, check_params, names_used
 
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -569,7 +570,7 @@ _OMITTED_AT_DEFAULT: dict[str, Callable[[dict[str, Any]], Any]] = {
     "kv_multicast": lambda f: False,
     "split_tail": lambda f: False,
     "split_tail_min_saving_percent": lambda f: SPLIT_TAIL_MIN_SAVING_PERCENT,
-    "split_tail_piece_blocks": lambda f: 0,
+    "split_tail_piece_blocks": lambda f: SPLIT_TAIL_PIECE_BLOCKS,
     "scores_f16": lambda f: False,
     "exp2_poly_every": lambda f: 0,
 }
@@ -884,11 +885,11 @@ class KernelSpec(BaseModel):
     split_tail: bool = False
     # With split_tail, the rule's cost model (fa3gen.split_tail.splits): the least the split must
     # shorten the busiest CTA's key blocks by, in percent, with a piece's own pipeline start and
-    # merge counted as split_tail_piece_blocks key blocks on its share. The defaults (12%, none)
+    # merge counted as split_tail_piece_blocks key blocks on its share. The defaults (12%, 4 blocks)
     # are the rule measured on problems of a wave or two; a kernel of long tiles whose last partial
-    # wave idles SMs for a whole tile may split for less, its pieces' cost counted.
+    # wave idles SMs for a whole tile may split for less.
     split_tail_min_saving_percent: int = Field(default=SPLIT_TAIL_MIN_SAVING_PERCENT, ge=0, le=99)
-    split_tail_piece_blocks: int = Field(default=0, ge=0, le=64)
+    split_tail_piece_blocks: int = Field(default=SPLIT_TAIL_PIECE_BLOCKS, ge=0, le=64)
     # e4m3: S = Q·Kᵀ accumulates in fp16, and the softmax's row max and exp2 argument run on fp16
     # pairs (HMNMX2, HFMA2: one instruction for two scores where fp32 takes two), the exp2 as fp16
     # and P cast to e4m3 from fp16 pairs. The fp8 key-block loop is bound by its issue slots and
@@ -1366,8 +1367,8 @@ class KernelSpec(BaseModel):
             raise ValueError("kv_multicast needs " + "; ".join(blockers))
         if self.split_tail and (blockers := self._split_tail_blockers()):
             raise ValueError("split_tail needs " + "; ".join(blockers))
-        if (self.split_tail_min_saving_percent != SPLIT_TAIL_MIN_SAVING_PERCENT or self.split_tail_piece_blocks) \
-                and not self.split_tail:
+        if (self.split_tail_min_saving_percent != SPLIT_TAIL_MIN_SAVING_PERCENT
+                or self.split_tail_piece_blocks != SPLIT_TAIL_PIECE_BLOCKS) and not self.split_tail:
             raise ValueError("split_tail_min_saving_percent and split_tail_piece_blocks set when split_tail splits: "
                              "they need split_tail=True")
         if self.scores_f16 and (blockers := self._scores_f16_blockers()):
@@ -1629,7 +1630,7 @@ class KernelSpec(BaseModel):
         sched += "_st" if self.split_tail else ""
         sched += (f"{self.split_tail_min_saving_percent}"
                   if self.split_tail_min_saving_percent != SPLIT_TAIL_MIN_SAVING_PERCENT else "")
-        sched += f"p{self.split_tail_piece_blocks}" if self.split_tail_piece_blocks else ""
+        sched += f"p{self.split_tail_piece_blocks}" if self.split_tail_piece_blocks != SPLIT_TAIL_PIECE_BLOCKS else ""
         sched += "_sh" if self.scores_f16 else ""
         sched += f"_pe{self.exp2_poly_every}" if self.exp2_poly_every else ""
         sched += f"_p{self.producer_registers}" if self.producer_registers is not None else ""  # bwd: below

@@ -168,6 +168,8 @@ struct TileCoord {
 constexpr int kSplitTailMaxCtas = 144;  // the workspace holds one partial per CTA
 constexpr int kSplitTailMinSavingPercent = 12;
 constexpr int kSplitTailMinShareBlocks = 8;
+// What a piece's own pipeline start and merge cost, in key blocks, counted on the busiest CTA's share.
+constexpr int kSplitTailPieceBlocks = 4;
 struct TileScheduler {
   int num_m_blocks, num_heads_batches, num_tiles;
   int key_blocks;   // a tile's key blocks: every tile sees them all
@@ -183,13 +185,14 @@ struct TileScheduler {
     key_blocks = cute::ceil_div(p.seqlen_k, int(kBlockN));
     int const rest = num_tiles % ctas;
     int64_t const units = int64_t(rest) * key_blocks;
-    // fa3gen.split_tail.splits: the split must shorten the busiest CTA's key blocks by
-    // kSplitTailMinSavingPercent and give each CTA kSplitTailMinShareBlocks of them, or the pieces'
-    // own pipeline starts and partials cost more than the shorter tail saves.
+    // fa3gen.split_tail.splits: the split must shorten the busiest CTA's key blocks (its share
+    // counting kSplitTailPieceBlocks for a piece's own costs) by kSplitTailMinSavingPercent and give
+    // each CTA kSplitTailMinShareBlocks of them, or the pieces' own pipeline starts and partials
+    // cost more than the shorter tail saves.
     int64_t const whole = int64_t(num_tiles / ctas) * key_blocks;
     int64_t const share = (units + ctas - 1) / ctas;
     bool const split = rest > 0 && ctas <= kSplitTailMaxCtas && units <= INT32_MAX / 2 && share >= kSplitTailMinShareBlocks
-                       && (whole + share) * 100 <= (whole + key_blocks) * (100 - kSplitTailMinSavingPercent);
+                       && (whole + share + kSplitTailPieceBlocks) * 100 <= (whole + key_blocks) * (100 - kSplitTailMinSavingPercent);
     whole_tiles = split ? num_tiles - rest : num_tiles;
     units_begin = split ? int(units * int(blockIdx.x) / ctas) : 0;
     units_end = split ? int(units * (int(blockIdx.x) + 1) / ctas) : 0;

@@ -23,7 +23,10 @@ SMS = 132  # H100 SXM and H200
     (352, 16, False),    # 2.7 waves: a 10% shorter busiest CTA is below the bar
     (128, 128, False),   # 128 tiles on 132 SMs: nothing to save
     (264, 64, False),    # whole waves
-    (1376, 128, False),  # the FA3 grid's hdim 128 16k: its 5% tail stays whole
+    (1376, 128, False),  # the FA3 grid's hdim 128 16k: its 5% tail stays whole (on this rule)
+    (112, 24, False),    # a wave of 24 key blocks: 3 saved, fewer than a piece's 4 (split it lost 15%)
+    (100, 16, False),    # 16 key blocks, 3 saved
+    (88, 24, True),      # 24 key blocks, 8 saved
 ])
 def test_rule(tiles, key_blocks, expected):
     assert split_tail.splits(tiles, key_blocks, SMS) is expected
@@ -36,15 +39,16 @@ def test_the_kernel_renders_the_rule():
     assert f"constexpr int kSplitTailMinSavingPercent = {split_tail.MIN_SAVING_PERCENT};" in code
     assert f"constexpr int kSplitTailMinShareBlocks = {split_tail.MIN_SHARE_BLOCKS};" in code
     assert "share >= kSplitTailMinShareBlocks\n" in code
-    assert "(whole + share) * 100 <= (whole + key_blocks) * (100 - kSplitTailMinSavingPercent);" in code
+    assert f"constexpr int kSplitTailPieceBlocks = {split_tail.PIECE_BLOCKS};" in code
+    assert "(whole + share + kSplitTailPieceBlocks) * 100 <= (whole + key_blocks) * (100 - kSplitTailMinSavingPercent);" in code
 
 
 def test_a_spec_sets_the_rules_cost_model():
     """split_tail_min_saving_percent and split_tail_piece_blocks: rendered into the kernel's rule, in
-    the kernel's name, left out of the canonical JSON at their defaults (no cached kernel's source
-    or key moves), and only with split_tail."""
+    the kernel's name, left out of the canonical JSON at their defaults, and only with split_tail."""
     default = KernelSpec(head_dim=128, split_tail=True)
     lower = KernelSpec(head_dim=128, split_tail=True, split_tail_min_saving_percent=3, split_tail_piece_blocks=2)
+    assert (default.split_tail_min_saving_percent, default.split_tail_piece_blocks) == (12, 4)
     assert "split_tail_min_saving_percent" not in default.canonical_json()
     assert "split_tail_piece_blocks" not in default.canonical_json()
     assert '"split_tail_min_saving_percent":3' in lower.canonical_json()
@@ -54,8 +58,7 @@ def test_a_spec_sets_the_rules_cost_model():
     code = render(lower)
     assert "constexpr int kSplitTailMinSavingPercent = 3;" in code
     assert "constexpr int kSplitTailPieceBlocks = 2;" in code
-    assert "(whole + share + kSplitTailPieceBlocks) * 100 <= (whole + key_blocks) * (100 - kSplitTailMinSavingPercent);" in code
-    assert "kSplitTailPieceBlocks" not in render(default)
+    assert f"constexpr int kSplitTailPieceBlocks = {split_tail.PIECE_BLOCKS};" in render(default)
     assert "_st3p2" in lower.name and "_st_" in default.name + "_"
     for fields in ({"split_tail_min_saving_percent": 3}, {"split_tail_piece_blocks": 2}):
         with pytest.raises(ValueError, match="need split_tail=True"):
@@ -70,11 +73,11 @@ def test_a_spec_sets_the_rules_cost_model():
     (1376, 32, True),    # 8k on 192 x 256
     (1408, 32, False),   # 4k on 192 x 128: 2.8% shorter
     (112, 12, False),    # a wave of 12 key blocks: one block saved, less than a piece costs (lost 7%)
-    (112, 24, False),    # three of 24 saved (lost 15%; the default rule splits it)
+    (112, 24, False),    # three of 24 saved (lost 15%)
     (176, 32, True),     # a wave and a third
 ])
 def test_the_low_rule(tiles, key_blocks, expected):
-    assert split_tail.splits(tiles, key_blocks, SMS, 3, 4) is expected
+    assert split_tail.splits(tiles, key_blocks, SMS, 3) is expected
 
 
 @pytest.mark.parametrize("name", [n for n, s in registry.REGISTRY.items() if s.split_tail])
@@ -98,7 +101,7 @@ def _fake_kernel(spec: KernelSpec) -> SimpleNamespace:
 def test_the_rule_floor_is_the_laxest_twins():
     twins = [s for s in registry.REGISTRY.values() if s.split_tail]
     assert registry.SPLIT_RULE_FLOOR == (min(t.split_tail_min_saving_percent for t in twins),
-                                         min(t.split_tail_piece_blocks for t in twins)) == (3, 0)
+                                         min(t.split_tail_piece_blocks for t in twins)) == (3, split_tail.PIECE_BLOCKS)
 
 
 def test_dispatch_takes_the_twin_for_small_problems(monkeypatch):
