@@ -3,6 +3,9 @@ dispatcher that takes a registry kernel's split twin for the problems the rule s
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -92,6 +95,42 @@ def test_the_fa3_grid_splits_only_on_the_low_rule_twins(name):
         rule = (spec.split_tail_min_saving_percent, spec.split_tail_piece_blocks)
         expected = low and s >= 8192 and spec.head_dim == 128 and spec.block_m == 192
         assert split_tail.splits(tiles, -(-s // spec.block_n), SMS, *rule) is expected, (s, b, h)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernel's rule for the host")
+@pytest.mark.parametrize("rule", [{}, {"split_tail_min_saving_percent": 3}, {"split_tail_piece_blocks": 0}])
+def test_the_kernels_rule_decides_as_the_dispatcher(tmp_path, rule):
+    """The rule as rendered into the kernel's scheduler, compiled for the host, decides every
+    problem of a grid as fa3gen.split_tail.splits (what the dispatcher asks) does: otherwise the
+    op would take a twin that runs whole, or keep a kernel whose twin would split."""
+    spec = KernelSpec(head_dim=128, split_tail=True, **rule)
+    code = render(spec)
+    # the rule's constants (not the workspace's, which need the kernel's tiles)
+    constants = [line for line in code.splitlines() if re.match(r"constexpr int kSplitTail\w+ = \d+;", line)]
+    body = code[code.index("    int const rest = num_tiles % ctas;"):code.index("    whole_tiles = split ?")]
+    source = tmp_path / "rule.cpp"
+    source.write_text("#include <climits>\n#include <cstdint>\n#include <cstdio>\n" + "\n".join(constants) + """
+static bool kernel_splits(int num_tiles, int key_blocks, int ctas) {
+""" + body + """  return split;
+}
+int main() {
+  int tiles, key_blocks, ctas;
+  while (std::scanf("%d %d %d", &tiles, &key_blocks, &ctas) == 3) {
+    std::printf("%d\\n", int(kernel_splits(tiles, key_blocks, ctas)));
+  }
+}
+""")
+    subprocess.run(["g++", "-std=c++17", "-O1", "-o", str(tmp_path / "rule"), str(source)], check=True)
+    problems = [(t, k, c) for t in range(1, 3000, 7) for k in (1, 2, 3, 4, 8, 12, 16, 24, 32, 64, 128, 512, 4096)
+                for c in (78, 114, 132, split_tail.MAX_CTAS, split_tail.MAX_CTAS + 1)]
+    problems += [(131, 2**24, 132), (200, 2**23, 132)]  # units past the bound on 32-bit shares, and within it
+    out = subprocess.run([str(tmp_path / "rule")], input="\n".join(f"{t} {k} {c}" for t, k, c in problems),
+                         capture_output=True, text=True, check=True).stdout.split()
+    cost = (spec.split_tail_min_saving_percent, spec.split_tail_piece_blocks)
+    expected = [str(int(split_tail.splits(t, k, c, *cost))) for t, k, c in problems]
+    assert 100 < expected.count("1") < len(expected) - 100  # the grid holds splits and wholes alike
+    mismatches = [(p, o, e) for p, o, e in zip(problems, out, expected) if o != e]
+    assert not mismatches, mismatches[:5]
 
 
 def _fake_kernel(spec: KernelSpec) -> SimpleNamespace:
