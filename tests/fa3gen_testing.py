@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import stat
 import textwrap
 from pathlib import Path
+
+import pytest
 
 # Exports the kernel library ABI like the real template, plus one trivial __global__ so ptxas
 # reports something; compiling it takes seconds, so cache tests never wait on the real kernel.
@@ -93,3 +96,11 @@ class NvccCounter:
         if not self.log.exists():
             return 0
         return sum(1 for l in self.log.read_text().splitlines() if l.startswith("start"))
+
+
+def host_cxx(purpose: str) -> str:
+    """A host C++ compiler on PATH (g++, c++ or clang++); skips the calling test, saying why, without one."""
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip(f"no C++ compiler (g++, c++ or clang++) on PATH {purpose}")
+    return cxx

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import math
 import re
-import shutil
 import subprocess
 import types
 
@@ -25,7 +24,7 @@ from fa3gen.bench import _parse, attn_bwd_flops, attn_fwd_flops
 from fa3gen.reference import attention_reference, attention_reference_grads
 from fa3gen.spec import SMEM_BUDGET_BYTES
 from fa3gen.variant_args import VariantArgs
-from fa3gen_testing import MINI_TEMPLATE, REPO, write_templates
+from fa3gen_testing import MINI_TEMPLATE, REPO, host_cxx, write_templates
 
 
 def qkv(b=2, sq=5, sk=7, hq=4, hkv=2, d=64, dtype=torch.bfloat16, device="cpu", requires_grad=False):
@@ -425,9 +424,7 @@ int main() {
 @pytest.fixture(scope="module")
 def c_layout(tmp_path_factory) -> str:
     """What a C++ compiler makes of abi.h: offsets and sizes of every field ctypes mirrors."""
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to compile abi.h")
+    cxx = host_cxx("to compile abi.h")
     fields = [f"  FIELD(Fa3gen{cls.__name__}, {name})" for cls in (abi.FwdParams, abi.BwdParams, abi.VariantParams, abi.Descale)
               for name, _ in cls._fields_]
     tmp = tmp_path_factory.mktemp("abi")

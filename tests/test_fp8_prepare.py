@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -19,7 +18,7 @@ from fa3gen import abi, fp8, fp8_prepare
 from fa3gen.build import build_many, ptxas_report
 from fa3gen.render import render, spec_from_json
 from fa3gen.prepare_spec import Fp8PrepareSpec
-from fa3gen_testing import REPO
+from fa3gen_testing import REPO, host_cxx
 
 
 @pytest.mark.parametrize("head_dim", [0, 16, 80, 288])
@@ -79,9 +78,7 @@ int main() {
 
 def test_params_struct_matches_the_template(tmp_path):
     """abi.Fp8PrepareParams against what a C++ compiler makes of the struct in the rendered source."""
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH")
+    cxx = host_cxx("to compile the params struct")
     source = render(Fp8PrepareSpec(head_dim=128))
     struct = re.search(r"typedef struct Fa3genFp8PrepareParams \{.*?\} Fa3genFp8PrepareParams;", source, re.S)
     assert struct is not None

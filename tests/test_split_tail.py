@@ -4,7 +4,6 @@ dispatcher that takes a registry kernel's split twin for the problems the rule s
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from types import SimpleNamespace
 
@@ -14,6 +13,7 @@ import torch
 from fa3gen import ops, registry, render, split_tail
 from fa3gen.bench import bench_cases
 from fa3gen.spec import KernelSpec
+from fa3gen_testing import host_cxx
 
 SMS = 132  # H100 SXM and H200
 
@@ -97,7 +97,6 @@ def test_the_fa3_grid_splits_only_on_the_low_rule_twins(name):
         assert split_tail.splits(tiles, -(-s // spec.block_n), SMS, *rule) is expected, (s, b, h)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernel's rule for the host")
 @pytest.mark.parametrize("rule", [{}, {"split_tail_min_saving_percent": 3}, {"split_tail_piece_blocks": 0}])
 def test_the_kernels_rule_decides_as_the_dispatcher(tmp_path, rule):
     """The rule as rendered into the kernel's scheduler, compiled for the host, decides every
@@ -120,7 +119,8 @@ int main() {
   }
 }
 """)
-    subprocess.run(["g++", "-std=c++17", "-O1", "-o", str(tmp_path / "rule"), str(source)], check=True)
+    subprocess.run([host_cxx("to compile the kernel's rule"), "-std=c++17", "-O1", "-o", str(tmp_path / "rule"), str(source)],
+                   check=True)
     problems = [(t, k, c) for t in range(1, 3000, 7) for k in (1, 2, 3, 4, 8, 12, 16, 24, 32, 64, 128, 512, 4096)
                 for c in (78, 114, 132, split_tail.MAX_CTAS, split_tail.MAX_CTAS + 1)]
     problems += [(131, 2**24, 132), (200, 2**23, 132)]  # units past the bound on 32-bit shares, and within it
