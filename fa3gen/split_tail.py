@@ -8,10 +8,10 @@ MIN_SAVING_PERCENT and give each CTA at least MIN_SHARE_BLOCKS of them. Measured
 1 x 4096 x 8 heads +18%, 128 queries over 16k keys +68%); the FA3 grid's tails of 3-5% gained
 0-2% at 8k-16k and lost up to 7% at 1k, and shares of 4 key blocks lost 5%: each piece starts
 its own pipeline and hands a partial over, and the split code costs a kernel that does not split
-2-5% (so the registry keeps it in twins the dispatcher picks). A spec may
-set its own bar and piece cost (split_tail_min_saving_percent, split_tail_piece_blocks): the
-registry's hdim 128 192-row twins split the FA3 grid's 8k-16k tails at 3% (1.8-3.3% faster than
-the plain kernels there, H100, 2026-12-07; registry.SPLIT_TWIN_FIELDS).
+2-5% (so the registry keeps it in twins the dispatcher picks). A spec may set its own bar and
+piece cost (split_tail_min_saving_percent, split_tail_piece_blocks): the registry's hdim 128
+192-row twins split the FA3 grid's 8k-16k tails at 3% (1.8-3.3% faster than the plain kernels
+there, H100, 2026-12-07; registry.SPLIT_TWIN_FIELDS).
 """
 
 from __future__ import annotations
