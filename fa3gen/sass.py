@@ -1,7 +1,8 @@
 """Reading a compiled kernel's SASS (cuobjdump): what ptxas made of the generated code.
 
 The real-compile tests check instructions in it, and scripts/sass_waits.py reports where the
-forward key-block loop waits for its previous P·V relative to the softmax's exp2 (pin_pv_wait).
+forward key-block loop waits for its previous P·V relative to the softmax's exp2 (pin_pv_wait)
+and how many fixed-latency stall cycles ptxas scheduled on a full key block's path.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 # "/*01b0*/   MUFU.EX2 R18, R6 ;": an instruction's address and its text.
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
-_BACKWARD_BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")
+# ... and its two 64-bit words, which cuobjdump prints after it, the second on the next line.
+_ENCODED_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);\s*/\* 0x[0-9a-f]{16} \*/\s*/\* (0x[0-9a-f]{16}) \*/")
+_BRANCH = re.compile(r"\bBRA\s+(0x[0-9a-f]+)")  # a branch and its target
 EXP2 = "MUFU.EX2"
 WAIT_ALL_WGMMA = "WARPGROUP.DEPBAR.LE gsb0, 0x0"  # wgmma.wait_group 0
 
@@ -50,19 +53,64 @@ def instructions(sass: str) -> list[tuple[int, str]]:
     return [(int(m.group(1), 16), m.group(2).strip()) for m in _INSTRUCTION.finditer(sass)]
 
 
+def _key_block_loop_span(code: list[tuple[int, str]], min_exp2: int) -> tuple[int, int] | None:
+    """[first, last + 1) of the smallest loop (a backward branch's body) with min_exp2 exp2."""
+    addresses = [address for address, _ in code]
+    spans = []
+    for end, (address, text) in enumerate(code):
+        branch = _BRANCH.search(text)
+        if branch and int(branch.group(1), 16) < address:
+            start = bisect_left(addresses, int(branch.group(1), 16))
+            if sum(EXP2 in t for _, t in code[start:end + 1]) >= min_exp2:
+                spans.append((start, end + 1))
+    return min(spans, key=lambda span: span[1] - span[0], default=None)
+
+
 def key_block_loop(sass: str, min_exp2: int = 16) -> list[str]:
     """The instructions of the smallest loop (a backward branch's body) that holds at least
     min_exp2 exp2: the forward consumer's key-block loop, the backward's step loop. Empty if none."""
     code = instructions(sass)
-    addresses = [address for address, _ in code]
-    loops = []
-    for end, (address, text) in enumerate(code):
-        branch = _BACKWARD_BRANCH.search(text)
-        if branch and int(branch.group(1), 16) < address:
-            body = [t for _, t in code[bisect_left(addresses, int(branch.group(1), 16)):end + 1]]
-            if sum(EXP2 in t for t in body) >= min_exp2:
-                loops.append(body)
-    return min(loops, key=len, default=[])
+    span = _key_block_loop_span(code, min_exp2)
+    return [t for _, t in code[span[0]:span[1]]] if span else []
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """An instruction with the cycles ptxas makes its warp wait before the next one issues (the
+    stall count of its control bits: fixed-latency dependencies, which ncu counts as "wait")."""
+
+    address: int
+    text: str
+    stall_cycles: int
+
+
+def scheduled(sass: str) -> list[Scheduled]:
+    """Every instruction with its stall count (bits 105-108 of the 128-bit encoding: 41-44 of the
+    second word)."""
+    return [Scheduled(int(m.group(1), 16), m.group(2).strip(), (int(m.group(3), 16) >> 41) & 0xF)
+            for m in _ENCODED_INSTRUCTION.finditer(sass)]
+
+
+def full_block_path(sass: str, min_exp2: int = 16) -> list[Scheduled]:
+    """The forward key-block loop (as key_block_loop) without the code that its largest in-loop
+    forward branch skips: in a not-causal loop, the path of every block but a ragged last one,
+    whose key mask that branch guards. Empty if there is no such loop."""
+    code = scheduled(sass)
+    span = _key_block_loop_span([(ins.address, ins.text) for ins in code], min_exp2)
+    if span is None:
+        return []
+    body = code[span[0]:span[1]]
+    skips = [(ins.address, int(branch.group(1), 16)) for ins in body
+             if (branch := _BRANCH.search(ins.text)) and ins.address < int(branch.group(1), 16) <= body[-1].address]
+    if not skips:
+        return body
+    branch, target = max(skips, key=lambda skip: skip[1] - skip[0])
+    return [ins for ins in body if not branch < ins.address < target]
+
+
+def stall_cycles(path: list[Scheduled]) -> int:
+    """The fixed-latency cycles a warp spends on `path` beyond one issue per instruction."""
+    return sum(ins.stall_cycles for ins in path)
 
 
 @dataclass(frozen=True)

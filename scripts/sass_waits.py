@@ -1,4 +1,5 @@
-"""Where each cached kernel's loop waits for all its WGMMAs, counted in the softmax's exp2.
+"""Where each cached kernel's loop waits for all its WGMMAs, counted in the softmax's exp2, and
+the fixed-latency stall cycles ptxas scheduled on a full key block's path.
 
 For every valid entry of the kernel cache ($FA3GEN_CACHE_DIR or ~/.cache/fa3gen) whose name
 matches the filters, finds the smallest loop with the softmax's exp2 in its SASS (the forward's
@@ -17,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fa3gen import cache  # noqa: E402
-from fa3gen.sass import dump_sass, find_cuobjdump, key_block_loop, wait_placement  # noqa: E402
+from fa3gen.sass import dump_sass, find_cuobjdump, full_block_path, key_block_loop, stall_cycles, wait_placement  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -33,8 +34,10 @@ def main(argv: list[str]) -> int:
         name = (entry.manifest() or {}).get("spec_name", entry.path.name)
         if not all(m in name for m in args.match) or not entry.is_valid():
             continue
-        loop = key_block_loop(dump_sass(entry.library, tool))
-        print(f"{name}: " + (wait_placement(loop).summary() if loop else "no loop with exp2"))
+        sass = dump_sass(entry.library, tool)
+        loop, path = key_block_loop(sass), full_block_path(sass)
+        print(f"{name}: " + (f"{wait_placement(loop).summary()}; a full block's path {len(path)} instructions, "
+                             f"{stall_cycles(path)} stall cycles" if loop else "no loop with exp2"))
         shown += 1
     if not shown:
         print(f"no cached kernel matches {args.match} in {cache.cache_root(create=False)}", file=sys.stderr)
