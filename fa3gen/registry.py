@@ -273,9 +273,16 @@ SPLIT_TWIN_SUFFIX = "_split"
 # wave of 112 tiles over 3072 keys lost split (e4m3 738.8 -> 688.9 at 12 key blocks a tile, one
 # saved; bf16 530.7 -> 451.3 at 24, three saved): a tile in two pieces pays two starts, a partial
 # and the merge, about four key blocks, which the piece count (split_tail.PIECE_BLOCKS) keeps whole.
+# And one that splits only for much more: hdim 256's e4m3 128 x 192 twin, whose key-block loop
+# ptxas schedules with 13% more stall cycles than the kernel's (fa3gen.sass.full_block_path; the
+# merge's code beside the loop, in any form tried): not splitting it ran 14% behind (1 x 16k x 8
+# heads 1416.4 -> 1217.4 TFLOP/s, H100, 2026-12-07), and split it lost on problems the default
+# rule splits (1 x 4096 x 2 heads, a 32% shorter busiest CTA: 447.9 -> 438.2; 1 x 3072 x 8, 13%:
+# 1017.8 -> 1003.4) where 4 x 128 x 16k x 8 (71%) gained 34% (412.5 -> 553.4).
 _LOW_SPLIT_RULE = {"split_tail_min_saving_percent": 3}
 SPLIT_TWIN_FIELDS: dict[str, dict[str, Any]] = {
     "fwd_d128_bf16_long": _LOW_SPLIT_RULE, "fwd_d128_fp16_long": _LOW_SPLIT_RULE, "fwd_d128_e4m3_long": _LOW_SPLIT_RULE,
+    "fwd_d256_e4m3_long": {"split_tail_min_saving_percent": 35},
 }
 _TWIN_FIELDS_OF = {REGISTRY[name]: fields for name, fields in SPLIT_TWIN_FIELDS.items()}
 _SPLIT_TWIN_OF: dict[KernelSpec, KernelSpec] = {

@@ -170,6 +170,15 @@ def test_dispatch_takes_the_twin_for_small_problems(monkeypatch):
     assert pick(causal, 4, 128, 16384, 8) == registry.REGISTRY["fwd_d128_bf16_causal_split"]
     assert registry.REGISTRY["fwd_d128_bf16_causal_split"].scheduler == "static" and causal.scheduler == "lpt"
     assert pick(causal, 1, 4096, 4096, 8) == causal  # two waves of 128-row tiles
+    # ... and only below a wave of tiles, where the plain kernel's lpt schedule leaves SMs idle:
+    # 192 tiles over 4096 keys, which the rule would split (18% shorter), stay on the lpt kernel
+    causal_fp8 = registry.REGISTRY["fwd_d256_e4m3_causal_long"]
+    assert split_tail.splits(192, 22, SMS) and pick(causal_fp8, 1, 4096, 4096, 6) == causal_fp8
+    assert pick(causal_fp8, 1, 4096, 4096, 2) == registry.REGISTRY["fwd_d256_e4m3_causal_long_split"]
+    # hdim 256's e4m3 128 x 192 twin on its own 35% rule: a 32% shorter busiest CTA stays whole
+    long_fp8 = registry.REGISTRY["fwd_d256_e4m3_long"]
+    assert split_tail.splits(64, 22, SMS) and pick(long_fp8, 1, 4096, 4096, 2) == long_fp8
+    assert pick(long_fp8, 4, 128, 16384, 8) == registry.REGISTRY["fwd_d256_e4m3_long_split"]
     # variants outside the registry and twins themselves stay as they are
     for spec in (KernelSpec(head_dim=128, softcap=True), registry.REGISTRY["fwd_d128_bf16_long_split"]):
         assert pick(spec, 1, 4096, 4096, 8) == spec

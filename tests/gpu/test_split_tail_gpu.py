@@ -126,15 +126,16 @@ def test_the_op_takes_the_twin_for_small_problems():
 
 def test_the_fp8_op_takes_the_twin_for_small_problems():
     """fa3gen.fp8_ops' dispatch: the e4m3 registry kernel's split twin for problems the rule
-    splits (hdim 128's FA3-grid 8k on the low rule), the kernel itself for the rest; either matches
+    splits (hdim 128's FA3-grid 8k on the low rule, hdim 256's 128 x 192 twin only on its 35%
+    rule, causal twins only below a wave of tiles), the kernel itself for the rest; either matches
     the dequantized inputs' float64."""
     from fa3gen import fp8_ops
 
     for i, (b, sq, sk, h, d, split, causal) in enumerate([
             (1, 8192, 8192, 4, 128, True, False), (4, 128, 16384, 8, 128, True, False),
-            (1, 4096, 4096, 2, 256, True, False), (2, 1024, 1024, 8, 128, False, False),
+            (1, 4096, 4096, 2, 256, False, False), (4, 128, 16384, 8, 256, True, False), (2, 1024, 1024, 8, 128, False, False),
             (2, 8192, 8192, 16, 128, True, False), (1, 1216, 3072, 16, 128, False, False),
-            (4, 128, 16384, 8, 128, True, True), (2, 128, 8192, 8, 256, True, True)]):
+            (4, 128, 16384, 8, 128, True, True), (2, 128, 8192, 8, 256, True, True), (1, 4096, 4096, 6, 256, False, True)]):
         q, k, v = (ramped(b, s, h, d, 400 + 10 * i + j) for j, s in enumerate((sq, sk, sk)))
         inputs = fp8.prepare(q, k, v, "block", hadamard=True, seed=i)
         kernel = fp8_ops._checked_kernel(inputs, "bf16", causal, False)
