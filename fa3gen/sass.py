@@ -109,7 +109,8 @@ def full_block_path(sass: str, min_exp2: int = 16) -> list[Scheduled]:
 
 
 def stall_cycles(path: list[Scheduled]) -> int:
-    """The fixed-latency cycles a warp spends on `path` beyond one issue per instruction."""
+    """The cycles a warp running `path` alone needs by its stall counts (1: the next instruction
+    issues in the next cycle)."""
     return sum(ins.stall_cycles for ins in path)
 
 
