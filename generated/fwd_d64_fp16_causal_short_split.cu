@@ -379,8 +379,8 @@ __device__ __forceinline__ bool merge_split_tile(KernelParams const& p, TileSche
       // exp2 of each max's distance to the merged one; a max of -inf (no visible key) weighs 0.
       float const mine = softmax.row_max[r] == -CUDART_INF_F ? 0.f : exp2f((softmax.row_max[r] - row_max) * softmax.scale_log2);
       float const theirs = other_max[r] == -CUDART_INF_F ? 0.f : exp2f((other_max[r] - row_max) * softmax.scale_log2);
-      // Their O into this piece's V unit; an empty piece of a lazy fp8 kernel has none yet (0) and takes theirs.
-      float const theirs_o = v_unit > 0.f ? theirs * (other_unit / v_unit) : theirs;
+      // Their O into this piece's V unit: 1 until a key block sets its V factor, never 0.
+      float const theirs_o = theirs * (other_unit / v_unit);
       softmax.row_max[r] = row_max;
       softmax.row_sum[r] = softmax.row_sum[r] * mine + other_sum[r] * theirs;
       CUTLASS_PRAGMA_UNROLL
@@ -392,7 +392,6 @@ __device__ __forceinline__ bool merge_split_tile(KernelParams const& p, TileSche
         o_rows(r, c + 3) = o_rows(r, c + 3) * mine + o.w * theirs_o;
       }
     }
-    if (v_unit == 0.f) { v_unit = other_unit; }
   }
   return true;
 }
