@@ -41,7 +41,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from fa3gen import block_sparsity, launch, registry, split_tail
+from fa3gen import block_sparsity, launch, registry
 from fa3gen.abi import BwdParams, FwdParams
 from fa3gen.registry import seqlen_bucket
 from fa3gen.spec import KernelSpec
@@ -301,28 +301,13 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _split_twin_for(kernel: Any, batch: int, seqlen_q: int, nheads: int, seqlen_k: int, device: torch.device) -> Any:
-    """The registry kernel's split_tail twin where that kernel would leave SMs idle in its last
-    wave and the twin splits it (fa3gen.split_tail.splits on the twin's rule: a wave or two of
-    tiles, or a long last tile on a twin with a lower bar; causal: fewer tiles than SMs), else the
-    kernel. The twin's grid is every SM."""
+    """The registry kernel's split_tail twin where the dispatch rule takes it for this problem on
+    this device (registry.split_twin_for), else the kernel. The twin's grid is every SM."""
     spec = getattr(kernel, "spec", None)
-    if device.type != "cuda" or not isinstance(spec, KernelSpec) or spec.split_tail:
+    if device.type != "cuda" or not isinstance(spec, KernelSpec):
         return kernel
-    # The rule first, at the laxest twin's (registry.SPLIT_RULE_FLOOR): it is a few integer
-    # operations, and most calls stop there.
-    tiles = -(-seqlen_q // spec.block_m) * nheads * batch
-    key_blocks, ctas = -(-seqlen_k // spec.block_n), _sm_count(device)
-    if not split_tail.splits(tiles, key_blocks, ctas, *registry.SPLIT_RULE_FLOOR):
-        return kernel
-    # A causal kernel's lpt schedule spreads its uneven tiles over the SMs; its twin's static one
-    # cannot: the split pays only where SMs idle anyway, with fewer tiles than SMs. (H100,
-    # 2026-12-07, hdim 256 e4m3: 192 tiles over 4096 keys, which the rule splits 18% shorter,
-    # 804.3 -> 591.7 TFLOP/s split; 64 tiles 350.7 -> 392.4, 4 x 128 x 16k x 8 200.0 -> 275.6.)
-    if spec.causal and tiles >= ctas:
-        return kernel
-    twin_spec = registry.split_twin(spec)
-    if twin_spec is None or not split_tail.splits(tiles, key_blocks, ctas, twin_spec.split_tail_min_saving_percent,
-                                                  twin_spec.split_tail_piece_blocks):
+    twin_spec = registry.split_twin_for(spec, batch, seqlen_q, nheads, seqlen_k, _sm_count(device))
+    if twin_spec is None:
         return kernel
     key = ("split", spec)
     twin = _KERNELS.get(key)

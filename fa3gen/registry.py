@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import split_tail
 from .prepare_spec import Fp8PrepareSpec
 from .spec import BIAS_BYTES, SUPPORTED_HEAD_DIMS, KernelSpec
 
@@ -436,6 +437,32 @@ def default_spec(head_dim: int, head_dim_v: int, dtype: str, causal: bool, windo
 def split_twin(spec: KernelSpec) -> KernelSpec | None:
     """The registry's split twin of a forward spec (SPLIT_TWIN_SUFFIX), None where it has none."""
     return _SPLIT_TWIN_OF.get(spec)
+
+
+def split_twin_for(spec: KernelSpec, batch: int, seqlen_q: int, nheads: int, seqlen_k: int, sms: int) -> KernelSpec | None:
+    """The split twin the dispatch runs in place of a registry forward spec on a GPU of `sms` SMs:
+    where the spec's kernel would leave SMs idle in its last wave and the twin's rule
+    (fa3gen.split_tail.splits: a wave or two of tiles, or a long last tile on a twin with a lower
+    bar; causal: fewer tiles than SMs) splits it. None: the spec's own kernel runs."""
+    if spec.split_tail:
+        return None
+    # The rule first, at the laxest twin's (SPLIT_RULE_FLOOR): it is a few integer operations, and
+    # most calls stop there.
+    tiles = -(-seqlen_q // spec.block_m) * nheads * batch
+    key_blocks = -(-seqlen_k // spec.block_n)
+    if not split_tail.splits(tiles, key_blocks, sms, *SPLIT_RULE_FLOOR):
+        return None
+    # A causal kernel's lpt schedule spreads its uneven tiles over the SMs; its twin's static one
+    # cannot: the split pays only where SMs idle anyway, with fewer tiles than SMs. (H100,
+    # 2026-12-07, hdim 256 e4m3: 192 tiles over 4096 keys, which the rule splits 18% shorter,
+    # 804.3 -> 591.7 TFLOP/s split; 64 tiles 350.7 -> 392.4, 4 x 128 x 16k x 8 200.0 -> 275.6.)
+    if spec.causal and tiles >= sms:
+        return None
+    twin = split_twin(spec)
+    if twin is None or not split_tail.splits(tiles, key_blocks, sms, twin.split_tail_min_saving_percent,
+                                             twin.split_tail_piece_blocks):
+        return None
+    return twin
 
 
 def default_fp8_spec(head_dim: int, head_dim_v: int, out_dtype: str, causal: bool, window: bool = False,

@@ -4,6 +4,7 @@ learned-bias rows of bench_variants, the ablation's variants, the sanitizer's pi
 the fused fp8 prepare kernels.
 
 Usage: python scripts/gpu_specs.py            # one JSON spec per line
+       python scripts/gpu_specs.py --grid     # only the FA3 grid's forward kernels and their split twins
        python scripts/gpu_specs.py --build -j 16   # compile them all into the cache, in parallel
 Run it on the CPU machine with FA3GEN_CACHE_DIR=.devcache to prebuild what a device call carries.
 """
@@ -77,12 +78,39 @@ def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
     return unique
 
 
+# The SM count the device kits are built for: the lent H100s and H200s (SXM) both have 132.
+HOPPER_SMS = 132
+
+
+def grid_specs(sms: int = HOPPER_SMS) -> list[KernelSpec]:
+    """The forward kernels `fa3gen bench` and `scripts/bench_fp8.py` run on the FA3 grid (bf16 and
+    fp16, hdim 64/128/256, seqlen 512-16k, causal and not; e4m3 at hdim 128/256 s16k on
+    fa3gen.fp8.prepare's default inputs) on a GPU of `sms` SMs: each case's registry kernel and
+    the split twin the dispatch takes for it (registry.split_twin_for)."""
+    from fa3gen.bench import bench_cases
+
+    specs: list[KernelSpec] = []
+
+    def add(spec: KernelSpec, batch: int, seqlen: int, nheads: int) -> None:
+        twin = registry.split_twin_for(spec, batch, seqlen, nheads, seqlen, sms)
+        specs.extend(s for s in (spec, twin) if s is not None and s not in specs)
+
+    for d, seqlen, batch, nheads, causal in bench_cases([64, 128, 256], [512, 1024, 2048, 4096, 8192, 16384],
+                                                         [False, True]):
+        for dtype in ("bf16", "fp16"):
+            add(registry.default_spec(d, d, dtype, causal, seqlen_q=seqlen), batch, seqlen, nheads)
+    for d, seqlen, batch, nheads, causal in bench_cases([128, 256], [16384], [False, True]):
+        add(registry.default_fp8_spec(d, d, "bf16", causal, seqlen_q=seqlen), batch, seqlen, nheads)
+    return specs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--build", action="store_true")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--grid", action="store_true", help="only the FA3 grid's forward kernels (grid_specs)")
     args = ap.parse_args()
-    specs = gpu_specs()
+    specs = grid_specs() if args.grid else gpu_specs()
     if not args.build:
         for spec in specs:
             print(spec.canonical_json())

@@ -6,7 +6,8 @@ per pytest process, which can eat a whole call. Entries are found by each spec's
 so stale entries of earlier templates are left out.
 
 Usage: FA3GEN_CACHE_DIR=.devcache python scripts/pack_devcache.py [--build] [-j 2] [--out .devcache.tar.xz] SOURCE [SOURCE ...]
-  SOURCE: "gpu" (every spec the GPU work needs, scripts/gpu_specs.py), "registry", a registry name,
+  SOURCE: "gpu" (every spec the GPU work needs, scripts/gpu_specs.py), "grid" (the FA3 grid's forward
+          kernels and split twins that `fa3gen bench` and bench_fp8 run), "registry", a registry name,
           a spec as JSON, or @FILE (one spec JSON per line)
 On the device: tar xJf .devcache.tar.xz, then FA3GEN_CACHE_DIR=$PWD/.devcache.
 """
@@ -33,6 +34,10 @@ def specs_of(source: str) -> list[BuildSpec]:
         from gpu_specs import gpu_specs
 
         return gpu_specs()
+    if source == "grid":
+        from gpu_specs import grid_specs
+
+        return list(grid_specs())
     if source == "registry":
         return list(registry.all_specs().values())
     if source.startswith("@"):
