@@ -37,6 +37,8 @@ THREADS_PER_WARPGROUP = 128
 # low enough for the split to be sure to be an increase for the consumers, and it was never run on
 # the GPU.
 REGISTER_SPLIT = {2: (40, 232), 3: (32, 160), 4: (32, 112)}
+# The query rows a forward tile may have: 64 (one WGMMA M) per consumer warpgroup.
+_BLOCK_M_CHOICES = tuple(64 * n for n in REGISTER_SPLIT)
 # Forward producer registers a spec may ask for (producer_registers) in place of REGISTER_SPLIT's,
 # by consumer warpgroups: with three or four, 24 leaves the consumers their 160 or 112 as well.
 # H100 (2026-12-06, one process each, TFLOP/s, 32 -> 24): hdim 64 not causal on four warpgroups
@@ -1006,6 +1008,13 @@ class KernelSpec(BaseModel):
             data["out_dtype"] = "bf16" if dtype == "e4m3" else dtype
         if data.get("kind") == "bwd":
             return cls._fill_bwd_defaults(data)
+        bm = data.get("block_m")
+        if isinstance(bm, int) and bm not in _BLOCK_M_CHOICES:
+            # Here, not after the defaults: num_consumer_warpgroups, derived from block_m, would
+            # fail first and name a field the user did not set.
+            raise ValueError(f"block_m={bm!r} must be one of {', '.join(map(str, _BLOCK_M_CHOICES))}: each consumer "
+                             f"warpgroup owns {WGMMA_M} query rows (one WGMMA M), and a forward kernel has "
+                             f"{min(REGISTER_SPLIT)} to {max(REGISTER_SPLIT)} of them")
         if d in SUPPORTED_HEAD_DIMS:
             fp8 = data.get("dtype") == "e4m3"
             bm, bn = FP8_TILES.get(d, (128, 128)) if fp8 else _DEFAULT_TILES[(d, causal)]  # fp8 96: refused below

@@ -35,7 +35,11 @@ def test_defaults_filled() -> None:
     [
         ({"head_dim": 256, "block_n": 128, "stages": 2}, rf"shared memory .* exceeds the {SMEM_BUDGET_BYTES} B budget"),
         ({"head_dim": 128, "block_m": 128, "num_consumer_warpgroups": 3}, r"block_m=128 must equal 64 \* num_consumer_warpgroups"),
-        ({"head_dim": 128, "block_m": 64}, r"num_consumer_warpgroups=1 must be 2, 3 or 4"),
+        # a bad block_m is named itself, not through the num_consumer_warpgroups derived from it
+        ({"head_dim": 128, "block_m": 64}, r"block_m=64 must be one of 128, 192, 256"),
+        ({"head_dim": 128, "block_m": 100}, r"block_m=100 must be one of 128, 192, 256"),
+        ({"head_dim": 128, "block_m": 320}, r"block_m=320 must be one of 128, 192, 256"),
+        ({"head_dim": 128, "block_m": "x"}, r"block_m\s+Input should be a valid integer"),
         ({"head_dim": 128, "block_n": 120}, r"block_n=120 must be a multiple of 16"),
         ({"head_dim": 128, "block_n": 272}, r"block_n=272 .*\[16, 256\]"),
         ({"head_dim": 80}, r"head_dim"),
