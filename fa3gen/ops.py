@@ -478,6 +478,23 @@ def _forward_impl(q, k, v, softmax_scale: float, causal: bool, kernel: Any = Non
     return out, lse
 
 
+def _custom_call_args(spec: KernelSpec, q: torch.Tensor, v: torch.Tensor, softmax_scale: float | None,
+                      window_size: tuple[int, int], softcap: float, alibi_slopes: torch.Tensor | None,
+                      params: dict[str, Any]) -> tuple[VariantArgs, float]:
+    """A custom kernel's call (run_kernel, run_bwd_kernel) checked against its spec: the inputs'
+    dtype and head dims, then the variant values; returns them and the softmax scale
+    (1/sqrt(head_dim) unless given)."""
+    want = _DTYPES[q.dtype]
+    if (want, q.shape[-1], v.shape[-1]) != (spec.dtype, spec.head_dim, spec.head_dim_v):
+        raise ValueError(
+            f"fa3gen: kernel {spec.name} takes {spec.dtype} with head_dim {spec.head_dim} and head_dim_v "
+            f"{spec.head_dim_v}; got {want} with head_dim {q.shape[-1]} and head_dim_v {v.shape[-1]}"
+        )
+    variant = VariantArgs(tuple(window_size), softcap, alibi_slopes, dict(params))
+    variant.check(spec)
+    return variant, 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+
+
 def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                softmax_scale: float | None = None, return_lse: bool = False, *,
                window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -501,15 +518,7 @@ def run_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out, lse = result
         return (out, lse) if return_lse else out
     _check_meta(q, k, v)
-    want = _DTYPES[q.dtype]
-    if (want, q.shape[-1], v.shape[-1]) != (spec.dtype, spec.head_dim, spec.head_dim_v):
-        raise ValueError(
-            f"fa3gen: kernel {spec.name} takes {spec.dtype} with head_dim {spec.head_dim} and head_dim_v "
-            f"{spec.head_dim_v}; got {want} with head_dim {q.shape[-1]} and head_dim_v {v.shape[-1]}"
-        )
-    variant = VariantArgs(tuple(window_size), softcap, alibi_slopes, dict(params))
-    variant.check(spec)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    variant, scale = _custom_call_args(spec, q, v, softmax_scale, window_size, softcap, alibi_slopes, params)
     out, lse = _forward_impl(q, k, v, scale, spec.causal, kernel, variant, meta_checked=True, plan_key=plan_key)
     return (out, lse) if return_lse else out
 
@@ -601,15 +610,7 @@ def run_bwd_kernel(kernel: Any, dout: torch.Tensor, q: torch.Tensor, k: torch.Te
     if spec.kind != "bwd":
         raise TypeError(f"fa3gen: kernel {spec.name} is a {spec.kind} kernel; run_bwd_kernel needs kind='bwd'")
     _check_bwd_meta(dout, q, k, v, out, lse)
-    want = _DTYPES[q.dtype]
-    if (want, q.shape[-1]) != (spec.dtype, spec.head_dim):
-        raise ValueError(
-            f"fa3gen: kernel {spec.name} takes {spec.dtype} with head_dim {spec.head_dim}; got {want} with "
-            f"head_dim {q.shape[-1]}"
-        )
-    variant = VariantArgs(tuple(window_size), softcap, alibi_slopes, dict(params))
-    variant.check(spec)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    variant, scale = _custom_call_args(spec, q, v, softmax_scale, window_size, softcap, alibi_slopes, params)
     return _backward_impl(dout, q, k, v, out, lse, scale, spec.causal, spec.deterministic, kernel, meta_checked=True,
                           variant=variant)
 

@@ -504,7 +504,7 @@ def test_compiled_bwd_kernel_speaks_the_bwd_abi():
     dout, q, k, v, out, lse = bwd_inputs(d=64)
     with pytest.raises(ValueError, match="dout is on cpu"):  # kernel.backward validates like the op
         kernel.backward(dout, q, k, v, out, lse)
-    with pytest.raises(ValueError, match=r"kernel bwd_d64_bf16_causal_\S+ takes bf16 with head_dim 64; got fp16"):
+    with pytest.raises(ValueError, match=r"kernel bwd_d64_bf16_causal_\S+ takes bf16 with head_dim 64 and head_dim_v 64; got fp16"):
         kernel.backward(*(t.half() if t.dtype == torch.bfloat16 else t for t in (dout, q, k, v, out, lse)))
     fwd_kernel = fa3gen.compile(KernelSpec(head_dim=64, causal=True))
     assert fwd_kernel.kind == "fwd" and fwd_kernel.workspace_bytes == 0
@@ -731,7 +731,7 @@ def test_run_bwd_kernel_checks_the_spec():
     args = bwd_inputs(d=128)
     with pytest.raises(TypeError, match="is a fwd kernel; run_bwd_kernel needs kind='bwd'"):
         run_bwd_kernel(Fake(KernelSpec(head_dim=128)), *args)
-    with pytest.raises(ValueError, match=r"takes fp16 with head_dim 128; got bf16 with head_dim 128"):
+    with pytest.raises(ValueError, match=r"takes fp16 with head_dim 128 and head_dim_v 128; got bf16 with head_dim 128"):
         run_bwd_kernel(Fake(KernelSpec(kind="bwd", head_dim=128, dtype="fp16")), *args)
     with pytest.raises(ValueError, match="fa3gen kernels run on CUDA"):  # right spec, CPU tensors
         run_bwd_kernel(Fake(KernelSpec(kind="bwd", head_dim=128)), *args)
