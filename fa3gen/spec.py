@@ -38,7 +38,7 @@ THREADS_PER_WARPGROUP = 128
 # the GPU.
 REGISTER_SPLIT = {2: (40, 232), 3: (32, 160), 4: (32, 112)}
 # The query rows a forward tile may have: 64 (one WGMMA M) per consumer warpgroup.
-_BLOCK_M_CHOICES = tuple(64 * n for n in REGISTER_SPLIT)
+_BLOCK_M_CHOICES = tuple(WGMMA_M * n for n in REGISTER_SPLIT)
 # Forward producer registers a spec may ask for (producer_registers) in place of REGISTER_SPLIT's,
 # by consumer warpgroups: with three or four, 24 leaves the consumers their 160 or 112 as well.
 # H100 (2026-12-06, one process each, TFLOP/s, 32 -> 24): hdim 64 not causal on four warpgroups
@@ -1040,7 +1040,7 @@ class KernelSpec(BaseModel):
             sparse = _block_sparse_default(data) if sparse is None else sparse
             data["scheduler"] = "lpt" if causal or sparse else "static"
         if data.get("num_consumer_warpgroups") is None and isinstance(data.get("block_m"), int):
-            data["num_consumer_warpgroups"] = max(1, data["block_m"] // WGMMA_M)
+            data["num_consumer_warpgroups"] = data["block_m"] // WGMMA_M  # one of _BLOCK_M_CHOICES (checked above)
         if data.get("intra_wg_overlap") is None:
             data["intra_wg_overlap"] = _intra_wg_overlap_default(data)
         sizes = [data.get(f) for f in ("block_m", "block_n", "head_dim_v", "stages")]

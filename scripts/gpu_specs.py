@@ -87,7 +87,7 @@ def grid_specs(sms: int = HOPPER_SMS) -> list[KernelSpec]:
     fp16, hdim 64/128/256, seqlen 512-16k, causal and not; e4m3 at hdim 128/256 s16k on
     fa3gen.fp8.prepare's default inputs) on a GPU of `sms` SMs: each case's registry kernel and
     the split twin the dispatch takes for it (registry.split_twin_for)."""
-    from fa3gen.bench import bench_cases
+    from fa3gen.bench import DEFAULT_HDIMS, DEFAULT_SEQLENS, bench_cases
 
     specs: list[KernelSpec] = []
 
@@ -95,8 +95,7 @@ def grid_specs(sms: int = HOPPER_SMS) -> list[KernelSpec]:
         twin = registry.split_twin_for(spec, batch, seqlen, nheads, seqlen, sms)
         specs.extend(s for s in (spec, twin) if s is not None and s not in specs)
 
-    for d, seqlen, batch, nheads, causal in bench_cases([64, 128, 256], [512, 1024, 2048, 4096, 8192, 16384],
-                                                         [False, True]):
+    for d, seqlen, batch, nheads, causal in bench_cases(DEFAULT_HDIMS, DEFAULT_SEQLENS, [False, True]):
         for dtype in ("bf16", "fp16"):
             add(registry.default_spec(d, d, dtype, causal, seqlen_q=seqlen), batch, seqlen, nheads)
     for d, seqlen, batch, nheads, causal in bench_cases([128, 256], [16384], [False, True]):

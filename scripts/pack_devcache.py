@@ -37,7 +37,7 @@ def specs_of(source: str) -> list[BuildSpec]:
     if source == "grid":
         from gpu_specs import grid_specs
 
-        return list(grid_specs())
+        return grid_specs()
     if source == "registry":
         return list(registry.all_specs().values())
     if source.startswith("@"):

@@ -42,14 +42,13 @@ def test_grid_specs_hold_what_the_dispatch_runs_on_the_fa3_grid(monkeypatch):
     import torch
 
     from fa3gen import ops
-    from fa3gen.bench import bench_cases
+    from fa3gen.bench import DEFAULT_HDIMS, DEFAULT_SEQLENS, bench_cases
 
     monkeypatch.setattr(ops, "_sm_count", lambda device: gpu_specs.HOPPER_SMS)
     monkeypatch.setattr(ops, "_KERNELS", {})
     ran: list = []
     monkeypatch.setattr(ops, "_compile_fn", lambda: lambda spec: ran.append(spec) or SimpleNamespace(spec=spec))
-    for d, seqlen, batch, nheads, causal in bench_cases([64, 128, 256], [512, 1024, 2048, 4096, 8192, 16384],
-                                                         [False, True]):
+    for d, seqlen, batch, nheads, causal in bench_cases(DEFAULT_HDIMS, DEFAULT_SEQLENS, [False, True]):
         for dtype in ("bf16", "fp16"):
             kernel = ops._kernel_for(d, d, dtype, causal, seqlen_q=seqlen)
             ops._split_twin_for(kernel, batch, seqlen, nheads, seqlen, torch.device("cuda", 0))
