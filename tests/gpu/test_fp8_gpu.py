@@ -18,7 +18,7 @@ import fa3gen
 from fa3gen import fp8, fp8_ops
 from fa3gen.reference import attention_reference
 from fa3gen.variant_args import VariantArgs
-from gpu_checks import check_poisoned_outputs
+from gpu_checks import check_poisoned_outputs, prebuild
 
 pytestmark = [
     pytest.mark.gpu,
@@ -75,6 +75,14 @@ SPECS += V_TRANSPOSE_SPECS
 KV_FACTORS_IN_SMEM_SPECS = [fa3gen.KernelSpec(**{**s.model_dump(exclude_unset=True), "kv_factors_in_smem": True})
                             for s in fa3gen.registry.REGISTRY.values() if s.kind == "fwd" and s.dtype == "e4m3"]
 SPECS += KV_FACTORS_IN_SMEM_SPECS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prebuilt_kernels():
+    """Build (or load) this module's kernels and the registry's e4m3 ones (what the fp8 op
+    dispatches to, split twins included) once, in parallel, before the tests: one by one on
+    first use they took minutes of a device call."""
+    prebuild(SPECS + [s for s in fa3gen.registry.REGISTRY.values() if s.kind == "fwd" and s.dtype == "e4m3"])
 
 
 def profiled(b, s, h, d, seed, profile):

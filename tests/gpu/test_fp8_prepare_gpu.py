@@ -13,7 +13,8 @@ import torch
 
 from fa3gen import fp8, fp8_ops, fp8_prepare
 from fa3gen.reference import attention_reference
-from gpu_checks import poison_allocator
+from fa3gen.prepare_spec import Fp8PrepareSpec
+from gpu_checks import poison_allocator, prebuild
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,6 +27,12 @@ HEAD_DIMS = [64, 96, 128, 192, 256]
 # (batch, seqlen, nheads): ragged lengths (not a multiple of 32 or of a scale block), and one
 # (batch, head) with a single row.
 SHAPES = [(2, 1000, 3), (1, 113, 4), (3, 1, 2)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prebuilt_kernels():
+    """Build (or load) the prepare kernel of every head dim and input dtype once, in parallel."""
+    prebuild([Fp8PrepareSpec(head_dim=d, input_dtype=t) for d in HEAD_DIMS for t in ("bf16", "fp16", "fp32")])
 
 
 def inputs(shape, head_dim, dtype, seed):

@@ -22,6 +22,7 @@ from fa3gen.spec import SCORES_F16_QK_MAX, scores_f16_qk_max
 # The fp8 tests' poisoned launch, reference check (its LSE tolerance grows with the scores for
 # scores_f16 kernels: fp16 holds a score to 2^-11 of itself) and scale-varying inputs.
 from test_fp8_gpu import check, ramped, run_poisoned
+from gpu_checks import prebuild
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,6 +48,12 @@ LONG = fa3gen.registry.REGISTRY["fwd_d128_e4m3_long"]
 LONG_256 = fa3gen.registry.REGISTRY["fwd_d256_e4m3_long"]
 assert len(SPECS) == 7 and LONG in SPECS and LONG_256 in SPECS
 assert all(s.scores_f16 and not b.scores_f16 for s, b in zip(SPECS, BASE_SPECS))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _prebuilt_kernels():
+    """Build (or load) each fp16-score kernel and its fp32-score peer once, in parallel."""
+    prebuild(SPECS + BASE_SPECS)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
