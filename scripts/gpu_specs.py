@@ -69,8 +69,7 @@ def gpu_specs() -> list[KernelSpec | Fp8PrepareSpec]:
     # fp8.prepare's fused kernels: test_fp8_prepare_gpu covers every input dtype of these head dims.
     import test_fp8_prepare_gpu
 
-    specs += [Fp8PrepareSpec(head_dim=d, input_dtype=t) for d in test_fp8_prepare_gpu.HEAD_DIMS
-              for t in ("bf16", "fp16", "fp32")]
+    specs += list(test_fp8_prepare_gpu.SPECS)
     unique: list[KernelSpec | Fp8PrepareSpec] = []
     for spec in specs:
         if spec not in unique:

@@ -70,10 +70,12 @@ SPECS += THREAD_SUMS_SPECS
 # V as the model holds it, transposed in shared memory by the producer warpgroup.
 V_TRANSPOSE_SPECS = [fa3gen.registry.default_fp8_spec(128, 128, "bf16", c, v_transpose_in_kernel=True) for c in (False, True)]
 SPECS += V_TRANSPOSE_SPECS
+# The registry's e4m3 forward kernels by name (split twins included): what the fp8 op dispatches to.
+REGISTRY_FP8 = {name: s for name, s in fa3gen.registry.REGISTRY.items() if s.kind == "fwd" and s.dtype == "e4m3"}
 # The registry's e4m3 kernels with their key blocks' factors passed through shared memory by the
 # producer (kv_factors_in_smem): the overlapped loops and the serial one.
 KV_FACTORS_IN_SMEM_SPECS = [fa3gen.KernelSpec(**{**s.model_dump(exclude_unset=True), "kv_factors_in_smem": True})
-                            for s in fa3gen.registry.REGISTRY.values() if s.kind == "fwd" and s.dtype == "e4m3"]
+                            for s in REGISTRY_FP8.values()]
 SPECS += KV_FACTORS_IN_SMEM_SPECS
 
 
@@ -82,7 +84,7 @@ def _prebuilt_kernels():
     """Build (or load) this module's kernels and the registry's e4m3 ones (what the fp8 op
     dispatches to, split twins included) once, in parallel, before the tests: one by one on
     first use they took minutes of a device call."""
-    prebuild(SPECS + [s for s in fa3gen.registry.REGISTRY.values() if s.kind == "fwd" and s.dtype == "e4m3"])
+    prebuild(SPECS + list(REGISTRY_FP8.values()))
 
 
 def profiled(b, s, h, d, seed, profile):
@@ -165,10 +167,7 @@ def test_fp8_v_transposed_in_kernel(spec, granularity):
         assert torch.equal(out, pre_out) and torch.equal(lse, pre_lse)
 
 
-REGISTRY_FP8 = [name for name, s in fa3gen.registry.REGISTRY.items() if s.kind == "fwd" and s.dtype == "e4m3"]
-
-
-@pytest.mark.parametrize("name", REGISTRY_FP8)
+@pytest.mark.parametrize("name", list(REGISTRY_FP8))
 def test_fp8_key_block_factors_loaded_a_block_ahead(name):
     """K and V scale blocks of one key block each, K's magnitude alternating every key block and
     V's every two: a factor taken from the neighbouring block, or K's and V's swapped (the kernel

@@ -27,12 +27,14 @@ HEAD_DIMS = [64, 96, 128, 192, 256]
 # (batch, seqlen, nheads): ragged lengths (not a multiple of 32 or of a scale block), and one
 # (batch, head) with a single row.
 SHAPES = [(2, 1000, 3), (1, 113, 4), (3, 1, 2)]
+# The prepare kernel of every head dim and input dtype (scripts/gpu_specs.py packs them too).
+SPECS = [Fp8PrepareSpec(head_dim=d, input_dtype=t) for d in HEAD_DIMS for t in ("bf16", "fp16", "fp32")]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _prebuilt_kernels():
-    """Build (or load) the prepare kernel of every head dim and input dtype once, in parallel."""
-    prebuild([Fp8PrepareSpec(head_dim=d, input_dtype=t) for d in HEAD_DIMS for t in ("bf16", "fp16", "fp32")])
+    """Build (or load) the prepare kernels once, in parallel."""
+    prebuild(SPECS)
 
 
 def inputs(shape, head_dim, dtype, seed):
